@@ -1,0 +1,111 @@
+"""Environment flags, `Context` overrides and small utilities shared by every layer."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import pathlib
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ContextVar:
+  """An integer (or string) flag read once from the environment and overridable with `Context(...)`."""
+  _registry: dict[str, ContextVar] = {}
+  __slots__ = ("key", "value")
+
+  def __init__(self, key: str, default: Any):
+    raw = os.environ.get(key)
+    self.key, self.value = key, default if raw is None else type(default)(raw)
+    ContextVar._registry[key] = self
+
+  def __bool__(self) -> bool: return bool(self.value)
+  def __ge__(self, x: Any) -> bool: return self.value >= x
+  def __gt__(self, x: Any) -> bool: return self.value > x
+  def __le__(self, x: Any) -> bool: return self.value <= x
+  def __lt__(self, x: Any) -> bool: return self.value < x
+  def __eq__(self, x: object) -> bool: return self.value == x
+  def __hash__(self) -> int: return hash(self.key)
+  def __repr__(self) -> str: return f"ContextVar({self.key}={self.value!r})"
+
+
+class Context(contextlib.ContextDecorator):
+  """Temporarily override flags: `with Context(DEBUG=2, SPEC=1): ...`."""
+  def __init__(self, **kwargs: Any):
+    unknown = [k for k in kwargs if k not in ContextVar._registry]
+    if unknown: raise KeyError(f"unknown Context flag(s) {unknown}; known: {sorted(ContextVar._registry)}")
+    self.kwargs = kwargs
+
+  def __enter__(self) -> Context:
+    self.old = {k: ContextVar._registry[k].value for k in self.kwargs}
+    for k, v in self.kwargs.items(): ContextVar._registry[k].value = v
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    for k, v in self.old.items(): ContextVar._registry[k].value = v
+
+
+def getenv(key: str, default: Any = 0) -> Any:
+  """Read an environment variable converted to the type of `default` (not cached: for rarely read settings)."""
+  val = os.environ.get(key)
+  if val is None: return default
+  return type(default)(val)
+
+
+DEBUG, SPEC = ContextVar("DEBUG", 0), ContextVar("SPEC", 0)
+REWRITE_STEPS = ContextVar("REWRITE_STEPS", 100_000)  # budget of rule applications per graph_rewrite
+UPAT_COMPILE = ContextVar("UPAT_COMPILE", 1)          # 0 = use the interpreted matcher everywhere
+CACHE = ContextVar("CACHE", 1)
+
+
+def cache_dir() -> pathlib.Path:
+  """Where plugrad keeps on-disk caches: $PLUGRAD_CACHE_DIR, else the user cache dir."""
+  if (d := os.environ.get("PLUGRAD_CACHE_DIR")): return pathlib.Path(d)
+  if sys.platform == "darwin": base = pathlib.Path.home() / "Library" / "Caches"
+  else: base = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+  return base / "plugrad"
+
+
+def prod(xs: Iterable[Any], start: Any = 1) -> Any: return functools.reduce(lambda a, b: a * b, xs, start)
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
+def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
+def all_same(xs: Sequence[Any]) -> bool: return all(x == xs[0] for x in xs[1:])
+def all_int(xs: Iterable[Any]) -> bool: return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
+def ceildiv(a: Any, b: Any) -> Any: return -(a // -b)
+def round_up(x: int, multiple: int) -> int: return ceildiv(x, multiple) * multiple
+def is_pow2(x: int) -> bool: return x > 0 and (x & (x - 1)) == 0
+
+
+def partition(xs: Iterable[T], pred: Any) -> tuple[list[T], list[T]]:
+  yes: list[T] = []
+  no: list[T] = []
+  for x in xs: (yes if pred(x) else no).append(x)
+  return yes, no
+
+
+def cdiv(a: int, b: int) -> int:
+  """C-style integer division (truncates toward zero), the semantics of Ops.IDIV."""
+  q = abs(a) // abs(b)
+  return q if (a < 0) == (b < 0) else -q
+
+
+def cmod(a: int, b: int) -> int:
+  """C-style remainder (sign of the dividend), the semantics of Ops.MOD."""
+  return a - b * cdiv(a, b)
+
+
+def to_float_str(x: float) -> str:
+  return "inf" if x == math.inf else "-inf" if x == -math.inf else "nan" if math.isnan(x) else repr(x)
+
+
+@contextlib.contextmanager
+def recursion_limit(n: int) -> Iterator[None]:
+  old = sys.getrecursionlimit()
+  sys.setrecursionlimit(max(old, n))
+  try: yield
+  finally: sys.setrecursionlimit(old)

@@ -1,0 +1,7 @@
+"""The IR: UOp graphs, pattern rewriting, the symbolic simplifier, the spec and the PROGRAM UOp."""
+from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, UOpError, Variable, exec_alu, sint
+from plugrad.uop.pattern import PatternMatcher, UPat, UPatError
+from plugrad.uop.rewrite import RewriteNotConverging, graph_rewrite
+
+__all__ = ["AxisType", "GroupOp", "KernelInfo", "Ops", "PatternMatcher", "RewriteNotConverging", "UOp", "UOpError", "UPat", "UPatError",
+           "Variable", "exec_alu", "graph_rewrite", "sint"]
