@@ -42,8 +42,10 @@ class DType:
 
   def __setattr__(self, *_: Any) -> None: raise AttributeError("DType is immutable")
   def __reduce__(self) -> Any: return (DType.new, (self.priority, self.itemsize, self.name, self.fmt, self.count, self._scalar))
-  def __repr__(self) -> str: return f"dtypes.{INVERSE_NAMES.get(self.scalar(), self.scalar().name)}" + (f".vec({self.count})" if self.count > 1 else "")
-  def __lt__(self, other: DType) -> bool: return (self.priority, self.itemsize, self.name, self.count) < (other.priority, other.itemsize, other.name, other.count)
+  def __repr__(self) -> str:
+    return f"dtypes.{INVERSE_NAMES.get(self.scalar(), self.scalar().name)}" + (f".vec({self.count})" if self.count > 1 else "")
+  def __lt__(self, other: DType) -> bool:
+    return (self.priority, self.itemsize, self.name, self.count) < (other.priority, other.itemsize, other.name, other.count)
 
   @property
   def base(self) -> DType: return self
@@ -121,8 +123,8 @@ class dtypes:
   float64: Final = _S(12, 8, "double", "d")
 
   # aliases users know from numpy/PyTorch/C
-  half = float16; float = float32; double = float64  # noqa: A003
-  uchar = uint8; char = int8; short = int16; ushort = uint16; int = int32; uint = uint32; long = int64; ulong = uint64  # noqa: A003
+  half = float16; float = float32; double = float64
+  uchar = uint8; char = int8; short = int16; ushort = uint16; int = int32; uint = uint32; long = int64; ulong = uint64
   default_float: DType = float32
   default_int: DType = int32
 
@@ -130,7 +132,7 @@ class dtypes:
   uints: tuple[DType, ...] = (uint8, uint16, uint32, uint64)
   sints: tuple[DType, ...] = (int8, int16, int32, int64)
   ints: tuple[DType, ...] = uints + sints
-  all: tuple[DType, ...] = (bool,) + ints + floats  # noqa: A003
+  all: tuple[DType, ...] = (bool,) + ints + floats
 
   @staticmethod
   def is_float(x: DType) -> bool: return x.scalar() in dtypes.floats or isinstance(x, PtrDType) and x.base in dtypes.floats
@@ -204,7 +206,8 @@ class dtypes:
   @staticmethod
   def to_numpy(dt: DType) -> np.dtype:
     """The numpy dtype matching `dt`. numpy has no bfloat16: that raises (convert through float32)."""
-    if dt.scalar() not in _TO_NP: raise TypeError(f"{dt} has no numpy dtype" + (" (numpy lacks bfloat16; cast to float32)" if dt.scalar() is dtypes.bfloat16 else ""))
+    if dt.scalar() not in _TO_NP:
+      raise TypeError(f"{dt} has no numpy dtype" + (" (numpy lacks bfloat16; cast to float32)" if dt.scalar() is dtypes.bfloat16 else ""))
     return _TO_NP[dt.scalar()]
 
   @staticmethod
@@ -213,8 +216,8 @@ class dtypes:
     return dt
 
 
-INVERSE_NAMES.update({v: k for k, v in dtypes.__dict__.items() if isinstance(v, DType) and k not in
-                      ("half", "float", "double", "uchar", "char", "short", "ushort", "int", "uint", "long", "ulong", "default_float", "default_int")})
+_ALIASES = ("half", "float", "double", "uchar", "char", "short", "ushort", "int", "uint", "long", "ulong", "default_float", "default_int")
+INVERSE_NAMES.update({v: k for k, v in dtypes.__dict__.items() if isinstance(v, DType) and k not in _ALIASES})
 
 _TO_NP: dict[DType, np.dtype] = {d: np.dtype(d.fmt) for d in dtypes.all if d.fmt is not None}
 _FROM_NP: dict[np.dtype, DType] = {v: k for k, v in _TO_NP.items()}

@@ -10,9 +10,16 @@ from plugrad.uop.ops import GroupOp, Ops, UOp
 
 
 def min_max(root: UOp) -> tuple[Any, Any]:
-  # fill the per-node cache sources-first, so deep chains never recurse
-  for u in root.toposort:
-    if "_min_max" not in u.__dict__: u.__dict__["_min_max"] = _node_bounds(u)
+  # fill the per-node cache sources-first, so deep chains never recurse; stop at nodes already bounded (while rewriting,
+  # the sources of a new node usually are), and do not cache a toposort on every node asked
+  stack = [root]
+  while stack:
+    u = stack[-1]
+    if "_min_max" in u.__dict__: stack.pop(); continue
+    todo = [s for s in u.src if "_min_max" not in s.__dict__]
+    if todo: stack.extend(todo); continue
+    stack.pop()
+    u.__dict__["_min_max"] = _node_bounds(u)
   return root.__dict__["_min_max"]
 
 
@@ -22,6 +29,7 @@ def _dtype_bounds(u: UOp) -> tuple[Any, Any]:
 
 
 def _clamp(u: UOp, lo: Any, hi: Any) -> tuple[Any, Any]:
+  if u.dtype is dtypes.index: return lo, hi  # the common case, first: index arithmetic does not wrap
   dlo, dhi = _dtype_bounds(u)
   if dtypes.is_int(u.dtype) and u.dtype.scalar() is not dtypes.index and (lo < dlo or hi > dhi): return dlo, dhi  # may wrap
   return lo, hi

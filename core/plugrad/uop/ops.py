@@ -72,7 +72,7 @@ class GroupOp:
 
 class AxisType(enum.Enum):
   """What a RANGE loops over in a kernel AST; the optimizer changes these, the lowerer obeys them."""
-  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; LOOP = "L"; GROUP_REDUCE = "G"; REDUCE = "R"; UPCAST = "u"; UNROLL = "r"  # noqa: E702
+  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; LOOP = "L"; GROUP_REDUCE = "G"; REDUCE = "R"; UPCAST = "u"; UNROLL = "r"
 
   def __repr__(self) -> str: return f"AxisType.{self.name}"
 
@@ -86,7 +86,7 @@ class KernelInfo:
   dont_use_locals: bool = False
 
 
-ConstType = Union[float, int, bool]
+ConstType = float | int | bool
 sint = Union[int, "UOp"]  # a size that may be symbolic
 
 
@@ -94,15 +94,18 @@ class UOpError(ValueError):
   """A UOp was built with an arg, dtype or source of the wrong kind."""
 
 
+# Ops whose UOps are instances of a UOp subclass with extra accessors (PROGRAM → ProgramUOp, see program.py).
+OP_CLASSES: dict[Ops, type] = {}
+
 # ---- the hash-cons table: key → weak reference. Entries are removed when their UOp dies (UOp.__del__).
 _ucache: dict[tuple, Any] = {}
 _weakref = __import__("weakref").ref
 
 
 def _arg_key(arg: Any) -> Any:
-  # 0.0 == -0.0 and 1 == 1.0 == True would merge distinct constants; nan != nan would defeat sharing.
+  # 0.0 == -0.0 and 1 == 1.0 == True would merge distinct args; nan != nan would defeat sharing.
   c = arg.__class__
-  if c is float: return ("f", struct.pack("<d", arg)) if arg == 0.0 or arg != arg else arg
+  if c is float: return ("f", struct.pack("<d", arg)) if arg == 0.0 or arg != arg else ("f", arg)
   if c is tuple: return tuple(_arg_key(a) for a in arg)
   if c is bool: return ("b", arg)
   return arg
@@ -128,8 +131,8 @@ class UOp:
     if op.__class__ is not Ops: raise UOpError(f"unknown op {op!r} (expected a member of Ops)")
     if not isinstance(dtype, DType): raise UOpError(f"{op!r}: dtype must be a DType, got {type(dtype).__name__} {dtype!r}")
     for s in src:
-      if s.__class__ is not UOp: raise UOpError(f"{op!r}: every src must be a UOp, got {type(s).__name__} {s!r}")
-    ret = object.__new__(cls)
+      if not isinstance(s, UOp): raise UOpError(f"{op!r}: every src must be a UOp, got {type(s).__name__} {s!r}")
+    ret = object.__new__(OP_CLASSES.get(op, cls))
     osa = object.__setattr__
     osa(ret, "op", op); osa(ret, "dtype", dtype); osa(ret, "src", src); osa(ret, "arg", arg); osa(ret, "_key", key)
     _ucache[key] = _weakref(ret)
@@ -147,7 +150,8 @@ class UOp:
   def __reduce__(self) -> Any: return (UOp, (self.op, self.dtype, self.src, self.arg))
   def __copy__(self) -> UOp: return self
   def __deepcopy__(self, memo: Any) -> UOp: return self
-  def __bool__(self) -> bool: raise TypeError(f"the truth value of a UOp is not defined (use .simplify() / .vmin / .vmax): {self.render()}")
+  def __bool__(self) -> bool:
+    raise TypeError(f"the truth value of a UOp is not defined (use .simplify() / .vmin / .vmax): {self.render(simplify=False)}")
 
   # ---- graph utilities
   @functools.cached_property
@@ -277,7 +281,7 @@ class UOp:
   def gep(self, i: int | tuple[int, ...]) -> UOp:
     idx = (i,) if isinstance(i, int) else tuple(i)
     if self.dtype.vcount == 1 and idx == (0,): return self
-    return UOp(Ops.GEP, self.dtype.scalar().vec(len(idx)) if not isinstance(self.dtype, PtrDType) else self.dtype.scalar().vec(len(idx)), (self,), idx)
+    return UOp(Ops.GEP, self.dtype.scalar().vec(len(idx)), (self,), idx)
   def vectorize(self, *srcs: UOp) -> UOp:
     return UOp(Ops.VECTORIZE, self.dtype.vec(1 + len(srcs)), (self, *srcs))
   def index(self, idx: UOp, valid: UOp | None = None) -> UOp:
@@ -296,7 +300,8 @@ class UOp:
   @staticmethod
   def variable(name: str, min_val: ConstType, max_val: ConstType, dtype: DType = dtypes.index) -> UOp:
     if not isinstance(name, str) or not name: raise UOpError(f"a Variable needs a non-empty str name, got {name!r}")
-    if not isinstance(min_val, int) or not isinstance(max_val, int): raise UOpError(f"Variable {name!r}: bounds must be ints, got {min_val!r}, {max_val!r}")
+    if not isinstance(min_val, int) or not isinstance(max_val, int):
+      raise UOpError(f"Variable {name!r}: bounds must be ints, got {min_val!r}, {max_val!r}")
     if min_val > max_val: raise UOpError(f"Variable {name!r}: min {min_val} is greater than max {max_val}")
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
 
@@ -382,19 +387,13 @@ def _wrap(dtype: DType) -> Callable[[Any], Any]:
   if s is dtypes.bool: return bool
   if s is dtypes.index: return int
   if dtypes.is_int(s): return functools.partial(dtypes.as_const, dt=s)
-  if s is dtypes.float32: return lambda x: struct.unpack("<f", struct.pack("<f", x))[0] if math.isfinite(x) and abs(x) < 3.4028235e38 else _f32_overflow(x)
-  if s is dtypes.float16: return lambda x: _round_via(x, "<e", 65504.0)
+  if s is dtypes.float32: return functools.partial(_round_via, fmt="<f")
+  if s is dtypes.float16: return functools.partial(_round_via, fmt="<e")
   if s is dtypes.bfloat16: return _round_bf16
   return float
 
 
-def _f32_overflow(x: float) -> float:
-  if not math.isfinite(x): return x
-  try: return struct.unpack("<f", struct.pack("<f", x))[0]
-  except OverflowError: return math.copysign(math.inf, x)
-
-
-def _round_via(x: float, fmt: str, fmax: float) -> float:
+def _round_via(x: float, fmt: str) -> float:
   if not math.isfinite(x): return x
   try: return struct.unpack(fmt, struct.pack(fmt, x))[0]
   except OverflowError: return math.copysign(math.inf, x)
@@ -402,7 +401,7 @@ def _round_via(x: float, fmt: str, fmax: float) -> float:
 
 def _round_bf16(x: float) -> float:
   if not math.isfinite(x): return x
-  bits = struct.unpack("<I", struct.pack("<f", _f32_overflow(x)))[0]
+  bits = struct.unpack("<I", struct.pack("<f", _round_via(x, "<f")))[0]
   bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
   return struct.unpack("<f", struct.pack("<I", bits))[0]
 
@@ -463,7 +462,8 @@ python_alu: dict[Ops, Callable[..., Any]] = {
 
 def exec_alu(op: Ops, dtype: DType, operands: tuple[Any, ...]) -> Any:
   """Evaluate one ALU op on Python scalars (or tuples, elementwise) with the C semantics of `dtype`."""
-  if dtype.count > 1: return tuple(exec_alu(op, dtype.scalar(), tuple(o[i] if isinstance(o, tuple) else o for o in operands)) for i in range(dtype.count))
+  if dtype.count > 1:
+    return tuple(exec_alu(op, dtype.scalar(), tuple(o[i] if isinstance(o, tuple) else o for o in operands)) for i in range(dtype.count))
   if op is Ops.THREEFRY: return threefry2x32(operands[0], operands[1])
   return _wrap(dtype)(python_alu[op](*operands))
 
@@ -515,7 +515,7 @@ def uop_from_python(code: str) -> UOp:
   import plugrad.dtype as dtype_mod
   ns: dict[str, Any] = {"UOp": UOp, "Ops": Ops, "dtypes": dtypes, "AddrSpace": AddrSpace, "AxisType": AxisType, "KernelInfo": KernelInfo,
                         "inf": math.inf, "nan": math.nan, "DType": dtype_mod.DType, "PtrDType": PtrDType}
-  exec(code, ns)  # noqa: S102 - the input is our own to_python output
+  exec(code, ns)
   return ns["ret"]
 
 

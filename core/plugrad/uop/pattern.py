@@ -102,7 +102,8 @@ class UPat:
     if self.dtype is not None: parts.append(f"dtype={self.dtype!r}")
     if self.arg is not None: parts.append(f"arg={self.arg!r}")
     if self.name is not None: parts.append(f"name={self.name!r}")
-    if self.src is not None: parts.append(f"src={self.src[0] if self.src_kind == 'repeat' else list(self.src) if self.src_kind == 'perm' else self.src!r}")
+    if self.src is not None:
+      parts.append(f"src={self.src[0] if self.src_kind == 'repeat' else list(self.src) if self.src_kind == 'perm' else self.src!r}")
     return f"UPat({', '.join(parts)})"
 
   # ---- the interpreted matcher: every binding of names that makes the pattern match
@@ -216,7 +217,7 @@ def _compile_rule(pat: UPat, call: Callable[..., Any], kwnames: list[str], wants
   body = "\n".join(lines)
   src = f"def match(u, ctx):\n{body}\n  return None\n"
   ns = dict(consts)
-  exec(compile(src, f"<upat {pat!r}>"[:200], "exec"), ns)  # noqa: S102 - generated from our own pattern
+  exec(compile(src, f"<upat {pat!r}>"[:200], "exec"), ns)
   fn = ns["match"]
   fn.__source__ = src
   return fn

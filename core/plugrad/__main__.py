@@ -1,0 +1,128 @@
+"""`python -m plugrad`: what is installed and does it work.
+
+  python -m plugrad plugins [--json]          every backend plugin: distribution, version, API, status, devices
+  python -m plugrad devices [--json] [NAME..] every device (or the named ones): PASS/FAIL of the smoke kernel
+
+Exit status: 0 when nothing failed; 1 when a plugin failed under PLUGRAD_STRICT_PLUGINS=1 (`plugins`) or a device that
+is usable here (or was named) fails its smoke test (`devices`); 2 for bad arguments (an unknown device name).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from plugrad.device.errors import DeviceError, InvalidDeviceStringError, UnknownDeviceError
+from plugrad.device.registry import Device
+from plugrad.device.smoke import SmokeResult, run_smoke
+from plugrad.plugin.hookspecs import API_VERSION, parse_device
+from plugrad.plugin.manager import PluginWarning, core_version
+
+
+def _table(rows: list[list[str]]) -> str:
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def cmd_plugins(as_json: bool) -> int:
+  mgr = Device.manager
+  records = mgr.records()
+  failed = [r for r in records if r.status == "failed"]
+  if as_json:
+    print(json.dumps({"plugrad": core_version(), "api": f"{API_VERSION[0]}.{API_VERSION[1]}", "strict": mgr.strict,
+                      "plugins": [r.as_dict() for r in records]}, indent=2))
+  else:
+    rows = [["NAME", "DISTRIBUTION", "VERSION", "API", "DEVICES", "STATUS"]]
+    for r in records:
+      status = f"blocked ({r.reason})" if r.status == "blocked" else r.status_text
+      rows.append([r.name, r.distribution, r.version, r.api, ", ".join(r.devices) or "-", status])
+    print(f"plugrad {core_version()}, plugin API {API_VERSION[0]}.{API_VERSION[1]}")
+    print(_table(rows))
+    if failed: print(f"\n{len(failed)} plugin(s) failed; the devices they provide raise the recorded error when used.")
+  return 1 if failed and mgr.strict else 0
+
+
+def _device_row(name: str) -> tuple[dict[str, Any], bool]:
+  """The report for one declared device and whether it counts as usable here (so that its failure is an error)."""
+  mgr, base = Device.manager, parse_device(name)[0]
+  row: dict[str, Any] = {"device": name}
+  try: entry = mgr.entry(base)
+  except DeviceError as e:  # a conflict or a plugin refused after declaring it
+    row.update(SmokeResult(name, False, f"{type(e).__name__}: {str(e).splitlines()[0]}", stage="device", error=f"{type(e).__name__}: {e}").as_dict(),
+               available=False, probe=None)
+    return row, True
+  row.update(distribution=entry.plugin.distribution, version=entry.plugin.version, plugin=entry.plugin.name, priority=entry.spec.priority,
+             aliases=list(entry.spec.aliases), description=entry.spec.description)
+  try: reason = mgr.probe(base)
+  except DeviceError as e:  # a probe that raised: a plugin bug, so it counts as a failure
+    row.update(SmokeResult(name, False, f"{type(e).__name__}: {e}", stage="device", error=f"{type(e).__name__}: {e}").as_dict(),
+               available=False, probe=None)
+    return row, True
+  row.update(available=reason is None, probe=reason)
+  if reason is not None:
+    row.update(SmokeResult(name, False, f"unavailable: {reason}", stage="device").as_dict())
+    return row, False
+  row.update(run_smoke(name).as_dict())
+  return row, True
+
+
+def cmd_devices(as_json: bool, names: Sequence[str]) -> int:
+  mgr = Device.manager
+  wanted = [] if names else mgr.known()
+  for n in names:
+    try: wanted.append(Device.canonicalize(n))
+    except (UnknownDeviceError, InvalidDeviceStringError) as e:
+      print(f"plugrad: {e}", file=sys.stderr)
+      return 2
+    except DeviceError: wanted.append(n.upper())  # declared but unusable (conflict, refused plugin): reported in its row
+  default, default_error = None, None
+  try: default = Device.DEFAULT
+  except DeviceError as e: default_error = f"{type(e).__name__}: {e}"
+  rows, failed = [], False
+  for name in wanted:
+    row, counts = _device_row(name)
+    row["default"] = name == default
+    rows.append(row)
+    failed |= row["smoke"] == "FAIL" and (counts or bool(names))
+  rows.sort(key=lambda r: (-r.get("priority", -(10**9)), r["device"]))
+  if as_json:
+    print(json.dumps({"default": default, "default_error": default_error, "devices": rows}, indent=2))
+    return 1 if failed else 0
+  table = [["DEVICE", "PRIORITY", "PLUGIN", "SMOKE", "DETAIL"]]
+  for r in rows:
+    plugin = f"{r['distribution']} {r['version']} ({r['plugin']})" if "distribution" in r else "-"
+    table.append([r["device"] + ("*" if r["default"] else ""), str(r.get("priority", "-")), plugin, r["smoke"], r["detail"]])
+  print(_table(table))
+  dev_env = mgr.env.get("DEV", "").strip()
+  if default is not None: print(f"\n* default device: {default}" + (f" (DEV={dev_env})" if dev_env else " (highest-priority available device)"))
+  else: print(f"\nno default device: {default_error}")
+  return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m plugrad", description="Inspect plugrad's backend plugins and devices.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("plugins", help="list the backend plugins: distribution, version, plugin API, status, devices")
+  p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+  d = sub.add_parser("devices", help="smoke-test each device (render, compile and run a tiny kernel): PASS or FAIL with the reason")
+  d.add_argument("--json", action="store_true", help="print JSON instead of a table")
+  d.add_argument("names", nargs="*", metavar="NAME", help="only these devices (e.g. PYTHON, CUDA:1)")
+  args = parser.parse_args(argv)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", PluginWarning)  # failures are part of the report
+    try:
+      if args.command == "plugins": return cmd_plugins(args.json)
+      return cmd_devices(args.json, args.names)
+    except DeviceError as e:  # PLUGRAD_STRICT_PLUGINS=1 turned a plugin failure into a fatal one
+      print(f"plugrad: {type(e).__name__}: {e}", file=sys.stderr)
+      return 1
+    except ValueError as e:  # a malformed PLUGRAD_* setting
+      print(f"plugrad: {e}", file=sys.stderr)
+      return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,48 @@
+"""The typed errors of the device and plugin layers. Each message names the device, the plugin's
+distribution where one is involved, and what to do."""
+from __future__ import annotations
+
+
+class DeviceError(RuntimeError):
+  """Base of every device/plugin error."""
+
+
+class UnknownDeviceError(DeviceError, KeyError):
+  """No installed plugin provides this device name (the message says which package would)."""
+  def __str__(self) -> str: return str(self.args[0]) if self.args else ""
+
+
+class InvalidDeviceStringError(DeviceError, ValueError):
+  """A device string that is not `NAME` or `NAME:index`."""
+
+
+class DeviceUnavailableError(DeviceError):
+  """The device is known but cannot be used here (its probe said why, or its plugin failed to load)."""
+
+
+class PluginLoadError(DeviceError):
+  """A plugin's entry point failed to import or its registration hook raised."""
+
+
+class PluginAPIVersionError(PluginLoadError):
+  """A plugin was built against an incompatible plugin API version."""
+
+
+class PluginConflictError(DeviceError):
+  """Two distributions claim the same device name."""
+
+
+class PluginHookError(DeviceError, TypeError):
+  """A plugin hook returned the wrong type or raised."""
+
+
+class OutOfMemoryError(DeviceError, MemoryError):
+  """An allocation failed even after freeing the allocator's cache."""
+
+
+class CompileError(DeviceError):
+  """A kernel failed to compile; carries the compiler's message and the kernel name."""
+
+
+class LaunchError(DeviceError):
+  """A runtime raised while launching a kernel."""

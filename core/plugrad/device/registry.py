@@ -1,0 +1,199 @@
+"""`Device`: the registry of devices. `Device["CUDA:1"]` is a `CompiledDevice` whose components (renderer, compiler,
+allocator, runtime, graph) come from the plugin hooks, each built on first use and checked for its base type.
+
+Device strings: "NAME" or "NAME:index", case-insensitive, aliases allowed; the canonical form is upper-case, with the
+index left out when it is 0 ("cuda:0" → "CUDA", "cuda:1" → "CUDA:1"). The default device is DEV when set, else the
+highest-priority available device with a priority >= 0; a device that cannot be used raises, and nothing is ever
+silently replaced by another device.
+
+This module must not import buffer.py or runner.py at module level: they import `Device` from here.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import Any
+
+from plugrad.device.errors import DeviceError, DeviceUnavailableError, InvalidDeviceStringError, PluginHookError, UnknownDeviceError
+from plugrad.helpers import DEBUG
+from plugrad.plugin.hookspecs import DeviceSpec, parse_device
+from plugrad.plugin.manager import DeviceEntry, PluginManager, PluginRecord, get_manager, reset_manager
+
+
+def format_device(name: str, index: int) -> str:
+  """The canonical device string for a (resolved) name and index."""
+  return name if index == 0 else f"{name}:{index}"
+
+
+def _base_class(kind: str) -> type:
+  # imported on use: the component modules sit beside this one and some of their users import the registry
+  if kind == "renderer":
+    from plugrad.renderer.base import Renderer
+    return Renderer
+  if kind == "compiler":
+    from plugrad.device.compiler import Compiler
+    return Compiler
+  if kind == "allocator":
+    from plugrad.device.allocator import Allocator
+    return Allocator
+  from plugrad.device.runtime import Runtime
+  return Runtime
+
+
+class CompiledDevice:
+  """One device: its plugin's components, created on first access (a failure is raised again on the next access)."""
+  def __init__(self, name: str, entry: DeviceEntry, manager: PluginManager):
+    self.name, self.spec, self._manager = name, entry.spec, manager
+    self.plugin: PluginRecord = entry.plugin
+    self.distribution, self.plugin_version = entry.plugin.distribution, entry.plugin.version
+
+  def __repr__(self) -> str: return f"<CompiledDevice {self.name} from {self.plugin.label} (plugin {self.plugin.name!r})>"
+
+  def _component(self, hook: str, kind: str, **kwargs: Any) -> Any:
+    obj, rec = self._manager.call_component(hook, self.name, **kwargs)
+    if obj is None or rec is None:
+      raise PluginHookError(f"no plugin provides a {kind} for device {self.name}: every {hook}({self.name!r}) returned None "
+                            f"(the device is declared by plugin {self.plugin.name!r} ({self.plugin.label}), which must implement {hook})")
+    if not isinstance(obj, base := _base_class(kind)):
+      raise PluginHookError(f"{hook}({self.name!r}) in plugin {rec.name!r} ({rec.label}) returned {type(obj).__module__}.{type(obj).__qualname__}, "
+                            f"expected an instance of {base.__module__}.{base.__qualname__}")
+    return obj
+
+  @functools.cached_property
+  def renderer(self) -> Any: return self._component("plugrad_renderer", "renderer")
+  @functools.cached_property
+  def compiler(self) -> Any: return self._component("plugrad_compiler", "compiler", renderer=self.renderer)
+  @functools.cached_property
+  def allocator(self) -> Any: return self._component("plugrad_allocator", "allocator")
+  @functools.cached_property
+  def runtime(self) -> Any: return self._component("plugrad_runtime", "runtime")
+
+  @functools.cached_property
+  def graph(self) -> type | None:
+    """A GraphRunner subclass, or None when the device has no graph support. Only "is a class" is checked here: the
+    GraphRunner base lives in the engine, above this layer, which checks the subclass when it uses it."""
+    obj, rec = self._manager.call_component("plugrad_graph", self.name)
+    if obj is not None and not isinstance(obj, type):
+      who = f"plugin {rec.name!r} ({rec.label})" if rec is not None else "a plugin"
+      raise PluginHookError(f"plugrad_graph({self.name!r}) in {who} returned an instance of "
+                            f"{type(obj).__qualname__}; it must return a GraphRunner subclass (the class itself) or None")
+    return obj
+
+  def synchronize(self) -> None:
+    """Wait until all work launched on this device is done."""
+    self.runtime.synchronize()
+
+
+class DeviceRegistry:
+  """The type of `Device`. A registry built with a manager uses that one (tests, embedding); the default one follows the
+  process-wide manager of `plugrad.plugin.manager`, dropping its cached devices when that manager is replaced."""
+  def __init__(self, manager: PluginManager | None = None):
+    self._manager = manager
+    self._owner: PluginManager | None = None
+    self._devices: dict[str, CompiledDevice] = {}
+    self._canonical: dict[str, str] = {}
+    self._default: str | None = None
+    self._lock = threading.RLock()
+
+  def __repr__(self) -> str: return f"<DeviceRegistry ({'loaded' if self._mgr().loaded else 'plugins not loaded yet'})>"
+
+  def _mgr(self) -> PluginManager:
+    mgr = self._manager if self._manager is not None else get_manager()
+    if mgr is not self._owner:
+      with self._lock: self._owner, self._devices, self._canonical, self._default = mgr, {}, {}, None
+    return mgr
+
+  @property
+  def manager(self) -> PluginManager: return self._mgr()
+
+  def reset(self, manager: PluginManager | None = None) -> None:
+    """Forget every device, the default, and (for the process-wide `Device`) the plugin manager, which then re-reads the
+    entry points and the environment. `manager` replaces it instead (tests)."""
+    with self._lock:
+      if self._manager is None: reset_manager(manager)
+      elif manager is not None: self._manager = manager
+      self._owner, self._devices, self._canonical, self._default = None, {}, {}, None
+
+  # ---- names
+  def canonicalize(self, name: str) -> str:
+    """"cuda" → "CUDA", "CPU:0" → "CPU", "cuda:1" → "CUDA:1", aliases resolved. Raises InvalidDeviceStringError for a
+    malformed string and UnknownDeviceError (or the recorded plugin failure) for a name no plugin provides."""
+    mgr = self._mgr()
+    if isinstance(name, str) and (hit := self._canonical.get(name)) is not None: return hit
+    base, index = parse_device(name)
+    canon = format_device(mgr.resolve(base), index)
+    self._canonical[name] = canon
+    return canon
+
+  def __getitem__(self, name: str) -> CompiledDevice:
+    """The device object for `name` (created once per canonical name). Raises DeviceUnavailableError with the probe's
+    reason when the device cannot be used here."""
+    canon = self.canonicalize(name)
+    if (dev := self._devices.get(canon)) is not None: return dev
+    with self._lock:
+      if (dev := self._devices.get(canon)) is None:
+        mgr = self._mgr()
+        base = parse_device(canon)[0]
+        entry = mgr.entry(base)
+        if (reason := mgr.probe(base)) is not None:
+          raise DeviceUnavailableError(f"device {canon} is unavailable here: {reason} (plugin {entry.plugin.name!r}, {entry.plugin.label})")
+        dev = self._devices[canon] = CompiledDevice(canon, entry, mgr)
+    return dev
+
+  def __contains__(self, name: object) -> bool:
+    try: return isinstance(name, str) and bool(self.canonicalize(name))
+    except DeviceError: return False
+
+  # ---- the default device
+  @property
+  def DEFAULT(self) -> str:
+    """The default device: DEV when set (and usable), else the available device of highest priority (>= 0)."""
+    mgr = self._mgr()
+    if self._default is None:
+      with self._lock: self._default = self._choose_default(mgr)
+    return self._default
+
+  @DEFAULT.setter
+  def DEFAULT(self, name: str) -> None:
+    canon = self.canonicalize(name)
+    self[canon]  # an unusable device raises here, not at the first kernel
+    self._default = canon
+
+  def _choose_default(self, mgr: PluginManager) -> str:
+    if (dev := mgr.env.get("DEV", "").strip()):
+      try: canon = self.canonicalize(dev)
+      except InvalidDeviceStringError as e: raise InvalidDeviceStringError(f"DEV={dev!r}: {e}") from None
+      except UnknownDeviceError as e: raise UnknownDeviceError(f"DEV={dev!r}: {e}") from None
+      if (reason := mgr.probe(parse_device(canon)[0])) is not None:
+        raise DeviceUnavailableError(f"DEV={dev} selects {canon}, which is unavailable here: {reason}. plugrad does not run on another device "
+                                     f"in its place: fix that, or set DEV to an available device ({', '.join(mgr.available()) or 'none'})")
+      return canon
+    skipped: list[str] = []
+    for ent in mgr.devices():
+      if ent.spec.priority < 0: continue
+      if (reason := mgr.probe(ent.spec.name)) is None:
+        if DEBUG >= 1: print(f"plugrad: default device {ent.spec.name}" + "".join(f"; skipped {s}" for s in skipped), file=sys.stderr)
+        return ent.spec.name
+      skipped.append(f"{ent.spec.name} ({reason})")
+    why = "; ".join(f"{e.spec.name}: {mgr.probe(e.spec.name) or 'priority < 0 (only used when selected with DEV)'}" for e in mgr.devices())
+    raise DeviceUnavailableError(f"no device is available to be the default ({why or 'no device is registered'}); see `python -m plugrad devices`")
+
+  # ---- listings
+  def available(self) -> list[str]:
+    """The device names usable here, highest priority first."""
+    return self._mgr().available()
+
+  def known(self) -> list[str]:
+    """Every device name declared by a loaded plugin, usable here or not."""
+    return self._mgr().known()
+
+  def spec(self, name: str) -> DeviceSpec:
+    return self._mgr().entry(parse_device(name)[0]).spec
+
+  def plugins(self) -> list[PluginRecord]:
+    """The plugin records (active, failed and blocked), as `python -m plugrad plugins` shows them."""
+    return self._mgr().records()
+
+
+Device = DeviceRegistry()

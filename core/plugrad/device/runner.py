@@ -1,0 +1,91 @@
+"""`ProgramRunner`: turns a PROGRAM UOp into something you call with Buffers.
+
+It finishes the program's missing stages with the device's own components (render, then compile through the
+cache), loads it with the device's runtime, and on every call checks the arguments against what the kernel
+declares, so that a wrong buffer fails here with names and sizes instead of corrupting memory in a driver.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from plugrad.device.buffer import Buffer
+from plugrad.device.errors import DeviceError, LaunchError, PluginHookError
+from plugrad.device.registry import Device
+from plugrad.helpers import DEBUG
+from plugrad.uop.ops import Ops, UOp
+
+
+class ProgramRunner:
+  """`ProgramRunner(program)(bufs, var_vals, wait)` runs a PROGRAM (LINEAR stage or later) on `program.device`."""
+  def __init__(self, program: UOp):
+    if not isinstance(program, UOp) or program.op is not Ops.PROGRAM:
+      raise TypeError(f"ProgramRunner needs a PROGRAM UOp, got {program.op!r} UOp" if isinstance(program, UOp) else
+                      f"ProgramRunner needs a PROGRAM UOp, got {type(program).__name__}")
+    p: Any = program
+    if p.stage == "ast": raise ValueError(f"kernel {p.name!r} is at the AST stage: lower it to LINEAR (codegen) before running it")
+    self.dev = Device[p.device]
+    if p.stage == "linear":
+      src = self.dev.renderer.render(p)
+      if not isinstance(src, str): raise PluginHookError(f"{type(self.dev.renderer).__name__}.render must return a str, got {type(src).__name__}")
+      p = p.with_source(src)
+    if p.stage == "source": p = p.with_binary(self.dev.compiler.compile_cached(p.source, p.name))
+    self.program: Any = p
+    self.name, self.device = p.name, self.dev.name
+    self._bufs = [(g.dtype.base, g.dtype.size) for g in p.buffers]
+    self._vars = [v.arg for v in p.vars]
+    try: self.lib = self.dev.runtime.load(p)
+    except DeviceError: raise
+    except Exception as e: raise self._error("failed to load", e) from e
+
+  def __repr__(self) -> str: return f"<ProgramRunner {self.name!r} on {self.device}>"
+
+  def _error(self, what: str, e: Exception) -> LaunchError:
+    return LaunchError(f"kernel {self.name!r} {what} on {self.device} (plugin {self.dev.distribution}): {type(e).__name__}: {e}")
+
+  def _check(self, bufs: Sequence[Buffer]) -> None:
+    if isinstance(bufs, Buffer) or not isinstance(bufs, Sequence):
+      raise TypeError(f"kernel {self.name!r}: pass the buffers as a sequence, got {type(bufs).__name__}")
+    if len(bufs) != len(self._bufs): raise ValueError(f"kernel {self.name!r} takes {len(self._bufs)} buffers, got {len(bufs)}")
+    for i, (b, (dt, size)) in enumerate(zip(bufs, self._bufs)):
+      if not isinstance(b, Buffer): raise TypeError(f"kernel {self.name!r}, buffer slot {i}: expected a Buffer, got {type(b).__name__}")
+      if b.device != self.device:
+        raise ValueError(f"kernel {self.name!r}, buffer slot {i}: the kernel runs on {self.device}, the buffer is on {b.device}")
+      if b.dtype is not dt: raise TypeError(f"kernel {self.name!r}, buffer slot {i}: expected {dt!r} elements, got a {b.dtype!r} buffer")
+      if size != -1 and b.size < size: raise ValueError(f"kernel {self.name!r}, buffer slot {i}: expected {size} elements, got a buffer of {b.size}")
+
+  def _vals(self, var_vals: Mapping[str | UOp, int] | None) -> dict[str, int]:
+    given: dict[str, int] = {}
+    for k, v in (var_vals or {}).items():
+      if isinstance(k, UOp):
+        if k.op is not Ops.DEFINE_VAR: raise TypeError(f"kernel {self.name!r}: var_vals keys must be names or Variables, got a {k.op!r} UOp")
+        k = k.arg[0]
+      if not isinstance(k, str): raise TypeError(f"kernel {self.name!r}: var_vals keys must be names or Variables, got {type(k).__name__}")
+      given[k] = v
+    out: dict[str, int] = {}
+    for name, lo, hi in self._vars:
+      if name not in given:
+        raise ValueError(f"kernel {self.name!r} needs a value for variable {name!r} (in [{lo}, {hi}]); got values for {sorted(given)}")
+      if not isinstance(v := given[name], int) or isinstance(v, bool):
+        raise TypeError(f"kernel {self.name!r}: variable {name!r} must be an int, got {v!r}")
+      if not lo <= v <= hi: raise ValueError(f"kernel {self.name!r}: variable {name!r} = {v} is outside its range [{lo}, {hi}]")
+      out[name] = v
+    return out
+
+  def __call__(self, bufs: Sequence[Buffer], var_vals: Mapping[str | UOp, int] | None = None, wait: bool = False) -> float | None:
+    """Launch on `bufs` (slot order) with the variables' values; with `wait`, return the kernel's time in seconds."""
+    self._check(bufs)
+    vals = self._vals(var_vals)
+    gs, ls = self.program.launch_dims(vals)
+    handles = [b.ensure_allocated().handle for b in bufs]
+    try: t = self.lib(*handles, global_size=gs, local_size=ls, vals=tuple(vals[n] for n, _, _ in self._vars), wait=wait)
+    except Exception as e: raise self._error("failed to launch", e) from e
+    if DEBUG >= 2: print(self._profile_line(gs, ls, vals, t))
+    return t
+
+  def _profile_line(self, gs: tuple[int, ...], ls: tuple[int, ...], vals: dict[str, int], t: float | None) -> str:
+    line = f"{self.name:<28} {self.device:<10} global {gs!s:<16} local {ls!s:<14}"
+    if t is None: return line
+    est = self.program.estimates.at(vals)
+    return line + f" {t * 1e6:10.2f} us" + (f" {est.ops / t * 1e-9:9.2f} GFLOPS {est.mem / t * 1e-9:8.2f} GB/s" if t > 0 else "")
+

@@ -1,0 +1,114 @@
+"""The plugin contract: pluggy markers, the `DeviceSpec` record and the hooks a backend implements.
+
+A backend's registration module holds `@hookimpl` functions named like the hooks below. It must stay cheap to
+import: driver and compiler imports belong inside the component hooks, which run only when the device is used.
+See docs/writing-a-backend.md for the full contract.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from plugrad.device.errors import InvalidDeviceStringError
+
+PROJECT_NAME = "plugrad"
+API_VERSION: tuple[int, int] = (1, 0)
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+_NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*")
+_DEVICE_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)(?::([0-9]+))?")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+  """What a plugin declares about one device. Built by `plugrad_devices()`; validated on construction so that a
+  malformed record fails inside the plugin that made it (and is recorded against that plugin)."""
+  name: str
+  api: tuple[int, int]
+  priority: int = 0
+  probe: Callable[[], str | None] | None = None
+  aliases: tuple[str, ...] = ()
+  description: str = ""
+
+  def __post_init__(self) -> None:
+    if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+      raise ValueError(f"DeviceSpec.name must be an upper-case identifier like 'VULKAN', got {self.name!r}")
+    if not (isinstance(self.api, tuple) and len(self.api) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in self.api)):
+      raise TypeError(f"DeviceSpec({self.name}).api must be a (major, minor) tuple of ints, got {self.api!r}")
+    if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+      raise TypeError(f"DeviceSpec({self.name}).priority must be an int, got {self.priority!r}")
+    if self.probe is not None and not callable(self.probe):
+      raise TypeError(f"DeviceSpec({self.name}).probe must be a callable returning None or a reason string, got {self.probe!r}")
+    if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) and _NAME_RE.fullmatch(a) for a in self.aliases):
+      raise ValueError(f"DeviceSpec({self.name}).aliases must be a tuple of upper-case identifiers, got {self.aliases!r}")
+    if self.name in self.aliases: raise ValueError(f"DeviceSpec({self.name}) lists its own name among its aliases")
+    if not isinstance(self.description, str): raise TypeError(f"DeviceSpec({self.name}).description must be a str, got {self.description!r}")
+
+  @property
+  def api_str(self) -> str: return f"{self.api[0]}.{self.api[1]}"
+
+
+def parse_device(device: str) -> tuple[str, int]:
+  """Split a device string into its upper-cased name and index: "cuda:1" → ("CUDA", 1), "CPU" → ("CPU", 0).
+  Aliases are not resolved here (that needs the installed plugins: `Device.canonicalize`)."""
+  if not isinstance(device, str):
+    raise InvalidDeviceStringError(f"a device must be a str like 'CPU' or 'CUDA:1', got {type(device).__name__} {device!r}")
+  if (m := _DEVICE_RE.fullmatch(device)) is None:
+    raise InvalidDeviceStringError(f"malformed device string {device!r}: expected NAME or NAME:index, e.g. 'CPU' or 'CUDA:1'")
+  return m.group(1).upper(), int(m.group(2) or 0)
+
+
+def device_name(device: str) -> str:
+  """The name part of a canonical device string ("CUDA:1" → "CUDA"): what a component hook compares against."""
+  return parse_device(device)[0]
+
+
+# ---- the hooks (pluggy reads the names and argument names; the bodies are never run)
+
+@hookspec
+def plugrad_devices() -> list[DeviceSpec]:  # type: ignore[empty-body]
+  """Return the devices this plugin provides, as a list of `DeviceSpec` (may be empty for a plugin that only overrides
+  components of other devices). Called once per process, when plugins are first loaded; must not import drivers."""
+
+
+@hookspec(firstresult=True)
+def plugrad_renderer(device: str) -> Any:
+  """Return a new `plugrad.renderer.base.Renderer` for the canonical `device` ("NAME" or "NAME:i"), or None if the
+  device is not yours. The first non-None result wins (`@hookimpl(tryfirst=True)` overrides another plugin's)."""
+
+
+@hookspec(firstresult=True)
+def plugrad_compiler(device: str, renderer: Any) -> Any:
+  """Return a new `plugrad.device.compiler.Compiler` for `device`, whose sources come from `renderer`, or None."""
+
+
+@hookspec(firstresult=True)
+def plugrad_allocator(device: str) -> Any:
+  """Return a new `plugrad.device.allocator.Allocator` for `device`, or None."""
+
+
+@hookspec(firstresult=True)
+def plugrad_runtime(device: str) -> Any:
+  """Return a new `plugrad.device.runtime.Runtime` for `device` (loads PROGRAM binaries, synchronizes), or None."""
+
+
+@hookspec(firstresult=True)
+def plugrad_graph(device: str) -> Any:
+  """Return a GraphRunner subclass (a class, not an instance) that batches JIT-captured kernels on `device`, or None
+  when the device has no graph support (None from every plugin is allowed for this hook)."""
+
+
+@hookspec
+def plugrad_conformance_xfails(device: str) -> Any:
+  """Return {test name pattern: reason} for the conformance tests `device` is known to fail (fnmatch patterns on the
+  test name, e.g. "test_kernel[ew-idiv-long-*]"), or None. The suite marks them xfail(strict=True): a listed test that
+  passes fails the run, so the list stays true. All plugins' answers are merged."""
+
+
+COMPONENT_HOOKS: tuple[str, ...] = ("plugrad_renderer", "plugrad_compiler", "plugrad_allocator", "plugrad_runtime", "plugrad_graph")

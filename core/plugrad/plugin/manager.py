@@ -1,0 +1,460 @@
+"""The plugin manager: finds backends through entry points (group `plugrad`), loads each one in isolation, checks
+its plugin API version, detects device-name conflicts and calls the component hooks on behalf of the registry.
+
+Nothing here runs at `import plugrad`: entry points are read on the first device use (`PluginManager.load`). A plugin
+that fails is recorded with its distribution, version and traceback and skipped, so one broken backend never breaks
+the core or the other devices; asking for a device it would have provided re-raises the recorded cause with a remedy.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.metadata
+import os
+import re
+import threading
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pluggy
+
+from plugrad.device.errors import (
+  DeviceError,
+  PluginAPIVersionError,
+  PluginConflictError,
+  PluginHookError,
+  PluginLoadError,
+  UnknownDeviceError,
+)
+from plugrad.plugin import hookspecs
+from plugrad.plugin.hookspecs import API_VERSION, PROJECT_NAME, DeviceSpec
+
+ENTRY_POINT_GROUP = "plugrad"
+# Devices whose plugin we publish: an unknown name among these gets an exact install command.
+FIRST_PARTY: dict[str, str] = {"CPU": "plugrad-cpu", "CUDA": "plugrad-cuda", "AMD": "plugrad-amd", "METAL": "plugrad-metal",
+                               "WEBGPU": "plugrad-webgpu"}
+ErrorFactory = Callable[[], DeviceError]
+
+
+class PluginWarning(UserWarning):
+  """A plugin failed and was skipped (only when PLUGRAD_STRICT_PLUGINS is not set; otherwise that is an error)."""
+
+
+class EntryPointLike(Protocol):
+  """What the manager needs of an `importlib.metadata.EntryPoint` (`dist` may be absent or None)."""
+  name: str
+  value: str
+  def load(self) -> Any: ...
+
+
+def normalize_dist(name: str) -> str:
+  """PEP 503 normalization, so that `plugrad_foo`, `Plugrad.Foo` and `plugrad-foo` compare equal."""
+  return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def core_version() -> str:
+  try: return importlib.metadata.version("plugrad")
+  except importlib.metadata.PackageNotFoundError: return "unknown (not installed)"
+
+
+def _env_flag(env: Mapping[str, str], key: str) -> bool:
+  raw = env.get(key, "").strip()
+  if raw in ("", "0"): return False
+  if raw == "1": return True
+  raise ValueError(f"{key} must be 0 or 1, got {raw!r} (see docs/env-vars.md)")
+
+
+def _installed_entry_points() -> list[EntryPointLike]: return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+@dataclass
+class PluginRecord:
+  """One plugin as the manager sees it. `status` is "active", "failed" or "blocked"; `reason` says why for the latter two."""
+  name: str                      # the entry point name ("builtin" for PYTHON and NULL)
+  distribution: str
+  version: str
+  module: str                    # what the entry point points at
+  builtin: bool = False
+  status: str = "pending"
+  reason: str = ""
+  traceback: str = ""
+  specs: tuple[DeviceSpec, ...] = ()
+  error: BaseException | None = field(default=None, repr=False)
+  error_type: type[DeviceError] = field(default=PluginLoadError, repr=False)
+  remedy: str = ""
+
+  @property
+  def label(self) -> str: return f"{self.distribution} {self.version}"
+  @property
+  def devices(self) -> tuple[str, ...]: return tuple(s.name for s in self.specs)
+  @property
+  def api(self) -> str: return ", ".join(dict.fromkeys(s.api_str for s in self.specs)) or "-"
+  @property
+  def status_text(self) -> str: return f"failed: {self.reason}" if self.status == "failed" else self.status
+
+  def exception(self, device: str | None = None) -> DeviceError:
+    """A fresh error for a failed plugin (raised each time the device is asked for), chained to the recorded cause."""
+    what = f"device {device!r} is unavailable: " if device else ""
+    verb = "was refused" if issubclass(self.error_type, PluginAPIVersionError) else "failed to load"
+    err = self.error_type(f"{what}plugin {self.name!r} ({self.label}) {verb}: {self.reason}" + (f"\n{self.remedy}" if self.remedy else ""))
+    err.__cause__ = self.error
+    return err
+
+  def as_dict(self) -> dict[str, Any]:
+    return {"name": self.name, "distribution": self.distribution, "version": self.version, "module": self.module, "api": self.api,
+            "status": self.status_text, "reason": self.reason or None, "devices": list(self.devices), "builtin": self.builtin,
+            "traceback": self.traceback or None}
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+  """A device that is declared by exactly one active plugin."""
+  spec: DeviceSpec
+  plugin: PluginRecord
+
+
+class PluginManager:
+  """Loads the plugins once, lazily, and answers questions about devices.
+
+  `entry_points` replaces the installed entry points (tests give fake ones), `builtins=False` leaves out PYTHON and NULL,
+  and `env` replaces `os.environ` for the PLUGRAD_* settings and DEV (read on first use, not at construction)."""
+
+  def __init__(self, entry_points: Callable[[], Iterable[EntryPointLike]] | None = None, *, builtins: bool = True,
+               env: Mapping[str, str] | None = None):
+    self._entry_points = entry_points if entry_points is not None else _installed_entry_points
+    self._builtins, self._env = builtins, env
+    self._pm = pluggy.PluginManager(PROJECT_NAME)
+    self._pm.add_hookspecs(hookspecs)
+    self._records: list[PluginRecord] = []
+    self._by_regname: dict[str, PluginRecord] = {}
+    self._devices: dict[str, DeviceEntry] = {}
+    self._aliases: dict[str, str] = {}
+    self._errors: dict[str, ErrorFactory] = {}   # a declared name or alias that cannot be used, and why
+    self._conflicts: list[str] = []
+    self._known: set[str] = set()                # every declared device name (usable or not), aliases excluded
+    self._probes: dict[str, tuple[str | None, ErrorFactory | None]] = {}
+    self._fatal: ErrorFactory | None = None
+    self._loaded = False
+    self._lock = threading.RLock()
+
+  # ---- settings
+  @property
+  def env(self) -> Mapping[str, str]: return os.environ if self._env is None else self._env
+  @property
+  def strict(self) -> bool: return _env_flag(self.env, "PLUGRAD_STRICT_PLUGINS")
+  @property
+  def no_plugins(self) -> bool: return _env_flag(self.env, "PLUGRAD_NO_PLUGINS")
+  @property
+  def allowlist(self) -> tuple[str, ...] | None:
+    raw = self.env.get("PLUGRAD_PLUGINS", "")
+    names = tuple(normalize_dist(n.strip()) for n in raw.split(",") if n.strip())
+    return names or None
+
+  @property
+  def loaded(self) -> bool: return self._loaded
+
+  # ---- loading
+  def load(self) -> None:
+    """Read the entry points and register every plugin (once; later calls only re-raise a strict-mode failure)."""
+    with self._lock:
+      if not self._loaded:
+        strict, no_plugins, allow = self.strict, self.no_plugins, self.allowlist  # bad values raise before anything is loaded
+        self._loaded = True
+        if self._builtins:
+          self._add(importlib.import_module("plugrad.plugin.builtin"),
+                    PluginRecord("builtin", "plugrad", core_version(), "plugrad.plugin.builtin", builtin=True))
+        try: eps = sorted(self._entry_points(), key=lambda e: (_dist_of(e)[0], e.name))
+        except Exception as e:  # a corrupt installation: report it, keep the built-ins usable
+          eps = []
+          rec = PluginRecord("<entry points>", "<environment>", "-", ENTRY_POINT_GROUP)
+          self._records.append(rec)
+          self._fail(rec, e, f"reading the {ENTRY_POINT_GROUP!r} entry points failed: {type(e).__name__}: {e}",
+                     "Check the Python environment (pip check); a broken distribution's metadata can cause this.")
+        for ep in eps: self._load_entry_point(ep, no_plugins, allow)
+        if allow is not None:
+          seen = {r.name.lower() for r in self._records} | {normalize_dist(r.distribution) for r in self._records} | {"builtin", "plugrad"}
+          if (missing := [a for a in allow if a not in seen]):
+            warnings.warn(f"PLUGRAD_PLUGINS names {missing}, which match no installed plugin (entry point or distribution name)",
+                          PluginWarning, stacklevel=3)
+        self._rebuild()
+        if strict: self._fatal = self._strict_failure()
+      if self._fatal is not None: raise self._fatal()
+
+  def register(self, plugin: object, name: str, distribution: str = "", version: str = "") -> PluginRecord:
+    """Register a plugin object directly, without an entry point (for embedding applications and tests). It goes through
+    the same checks as an installed plugin; the returned record says whether it is active."""
+    with self._lock:
+      self.load()
+      rec = PluginRecord(name, distribution or name, version or "unknown", getattr(plugin, "__name__", type(plugin).__name__))
+      self._add(plugin, rec)
+      self._rebuild()
+      if self.strict and (fatal := self._strict_failure()) is not None: raise fatal()
+      return rec
+
+  def _load_entry_point(self, ep: EntryPointLike, no_plugins: bool, allow: tuple[str, ...] | None) -> None:
+    dist, version = _dist_of(ep)
+    rec = PluginRecord(ep.name, dist, version, ep.value)
+    if no_plugins: rec.status, rec.reason = "blocked", "PLUGRAD_NO_PLUGINS=1 loads only the built-in devices"
+    elif allow is not None and ep.name.lower() not in allow and normalize_dist(dist) not in allow:
+      rec.status, rec.reason = "blocked", f"not in PLUGRAD_PLUGINS={','.join(allow)}"
+    if rec.status == "blocked":
+      self._records.append(rec)
+      return
+    try: obj = ep.load()
+    except BaseException as e:  # SystemExit from a plugin's import must not end the process
+      if isinstance(e, KeyboardInterrupt): raise
+      self._records.append(rec)
+      self._fail(rec, e, f"importing {ep.value!r} raised {type(e).__name__}: {e}", _reinstall_remedy(rec))
+      return
+    self._add(obj, rec)
+
+  def _add(self, obj: object, rec: PluginRecord) -> None:
+    self._records.append(rec)
+    regname = f"{rec.distribution}:{rec.name}:{len(self._records)}"
+    try: self._pm.register(obj, name=regname)
+    except Exception as e:
+      return self._fail(rec, e, f"cannot be registered: {type(e).__name__}: {e}", _fix_remedy(rec))
+    self._by_regname[regname] = rec
+    try: specs = self._read_specs(obj, rec)
+    except PluginAPIVersionError as e:  # the message already says what to upgrade
+      self._pm.unregister(obj)
+      return self._fail(rec, e, str(e), "", PluginAPIVersionError)
+    except Exception as e:
+      self._pm.unregister(obj)
+      return self._fail(rec, e, str(e) if isinstance(e, DeviceError) else f"{type(e).__name__}: {e}", _fix_remedy(rec))
+    rec.status, rec.specs = "active", specs
+
+  def _read_specs(self, obj: object, rec: PluginRecord) -> tuple[DeviceSpec, ...]:
+    callers = self._pm.get_hookcallers(obj) or []
+    if not callers:
+      raise PluginHookError(f"module {rec.module!r} defines no hook implementations; decorate them with plugrad.plugin.hookimpl")
+    known = [n for n in dir(hookspecs) if n.startswith("plugrad_")]
+    for hc in callers:
+      if hc.spec is None: raise PluginHookError(f"unknown hook {hc.name!r} (a typo?); the hooks are {', '.join(known)}")
+      for impl in hc.get_hookimpls():
+        if impl.plugin is obj and (impl.hookwrapper or impl.wrapper):
+          raise PluginHookError(f"{hc.name} is a hook wrapper; plugrad hooks return records and objects, wrappers are not supported")
+    specs: list[DeviceSpec] = []
+    for impl in self._pm.hook.plugrad_devices.get_hookimpls():
+      if impl.plugin is not obj: continue
+      try: ret = impl.function()
+      except Exception as e: raise PluginHookError(f"plugrad_devices() raised {type(e).__name__}: {e}") from e
+      if not isinstance(ret, (list, tuple)) or not all(isinstance(s, DeviceSpec) for s in ret):
+        raise PluginHookError(f"plugrad_devices() must return a list of plugrad.plugin.DeviceSpec, got {_describe(ret)}")
+      specs.extend(ret)
+    rec.specs = tuple(specs)  # kept on refusal too, so that asking for these devices names the real cause
+    for s in specs: _check_api(s, rec)
+    return rec.specs
+
+  def _fail(self, rec: PluginRecord, exc: BaseException, reason: str, remedy: str, error_type: type[DeviceError] | None = None) -> None:
+    rec.status, rec.reason, rec.error, rec.remedy = "failed", reason, exc, remedy
+    rec.error_type = error_type or PluginLoadError
+    rec.traceback = "".join(traceback.format_exception(exc))
+    if not self.strict: warnings.warn(f"plugrad: plugin {rec.name!r} ({rec.label}) failed and was skipped: {reason}", PluginWarning, stacklevel=4)
+
+  def _rebuild(self) -> None:
+    claims: dict[str, list[tuple[DeviceSpec, PluginRecord]]] = {}
+    for rec in self._records:
+      if rec.status != "active": continue
+      for s in rec.specs:
+        for key in (s.name, *s.aliases): claims.setdefault(key, []).append((s, rec))
+    self._devices, self._aliases, self._errors, self._conflicts = {}, {}, {}, []
+    for key, cl in claims.items():
+      if len(cl) > 1: self._errors[key] = _conflict(key, cl); self._conflicts.append(key)
+      elif cl[0][0].name == key: self._devices[key] = DeviceEntry(*cl[0])
+      else: self._aliases[key] = cl[0][0].name
+    for rec in self._records:  # devices of plugins refused after declaring them (API version): name the cause
+      if rec.status != "failed": continue
+      for s in rec.specs:
+        for key in (s.name, *s.aliases): self._errors.setdefault(key, functools.partial(rec.exception, key))
+    self._known = {s.name for r in self._records if r.status in ("active", "failed") for s in r.specs}
+    self._probes.clear()
+
+  def _strict_failure(self) -> ErrorFactory | None:
+    problems: list[ErrorFactory] = [r.exception for r in self._records if r.status == "failed"] + [self._errors[k] for k in self._conflicts]
+    if not problems: return None
+    if len(problems) == 1: return problems[0]
+    text = "\n".join(f"- {p()}" for p in problems)
+    return lambda: PluginLoadError(f"PLUGRAD_STRICT_PLUGINS=1 and {len(problems)} plugin problems:\n{text}")
+
+  # ---- queries
+  def records(self) -> list[PluginRecord]:
+    """Every plugin seen, built-ins first, including failed and blocked ones (never raises for a failed plugin)."""
+    with self._lock:
+      try: self.load()
+      except DeviceError: pass  # strict mode: the records are still what `python -m plugrad plugins` shows
+      return list(self._records)
+
+  def resolve(self, name: str) -> str:
+    """The device name that `name` (upper-cased; a name or an alias, no index) refers to. Raises UnknownDeviceError,
+    PluginConflictError or the recorded PluginLoadError / PluginAPIVersionError of the plugin that declared it."""
+    self.load()
+    key = name.upper()
+    if key in self._errors: raise self._errors[key]()
+    if key in self._devices: return key
+    if key in self._aliases: return self.resolve(self._aliases[key])
+    raise self._unknown(key)
+
+  def entry(self, name: str) -> DeviceEntry:
+    key = self.resolve(name)  # first: loading replaces the tables
+    return self._devices[key]
+
+  def known(self) -> list[str]:
+    """Every declared device name, usable or not (conflicting, refused by the version check, unavailable here)."""
+    self.load()
+    return sorted(self._known)
+
+  def devices(self) -> list[DeviceEntry]:
+    """The usable device entries (one active plugin each), highest priority first."""
+    self.load()
+    return sorted(self._devices.values(), key=lambda e: (-e.spec.priority, e.spec.name))
+
+  def probe(self, name: str) -> str | None:
+    """None when the device can be used here, else the probe's reason (cached). A probe that raises or returns something
+    other than None or a str is a plugin bug: PluginHookError."""
+    entry = self.entry(name)
+    key = entry.spec.name
+    if key not in self._probes: self._probes[key] = _run_probe(entry)
+    reason, error = self._probes[key]
+    if error is not None: raise error()
+    return reason
+
+  def available(self) -> list[str]:
+    """The usable device names whose probe passes, highest priority first. A probe that raises counts as unavailable
+    (and is fatal under PLUGRAD_STRICT_PLUGINS=1)."""
+    out = []
+    for e in self.devices():
+      try:
+        if self.probe(e.spec.name) is None: out.append(e.spec.name)
+      except PluginHookError:
+        if self.strict: raise
+    return out
+
+  def call_component(self, hook: str, device: str, **kwargs: Any) -> tuple[Any, PluginRecord | None]:
+    """Call a firstresult component hook, implementation by implementation in pluggy's order, so that the result (and
+    any failure) is attributed to the plugin that produced it. Returns (result, its plugin) or (None, None)."""
+    if hook not in hookspecs.COMPONENT_HOOKS: raise ValueError(f"{hook!r} is not a component hook; expected one of {hookspecs.COMPONENT_HOOKS}")
+    self.load()
+    args = {"device": device, **kwargs}
+    for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
+      rec = self._by_regname[impl.plugin_name]
+      try: ret = impl.function(*[args[a] for a in impl.argnames])
+      except DeviceError: raise  # already typed by the plugin (unavailable driver, ...)
+      except Exception as e:
+        raise PluginHookError(f"{hook}({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
+      if ret is not None: return ret, rec
+    return None, None
+
+  def conformance_xfails(self, device: str) -> dict[str, str]:
+    """The merged {test pattern: reason} every plugin declares for `device` (plugrad_conformance_xfails)."""
+    self.load()
+    out: dict[str, str] = {}
+    for impl in reversed(self._pm.hook.plugrad_conformance_xfails.get_hookimpls()):
+      rec = self._by_regname[impl.plugin_name]
+      try: ret = impl.function(device)
+      except Exception as e:
+        raise PluginHookError(f"plugrad_conformance_xfails({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
+      if ret is None: continue
+      if not isinstance(ret, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ret.items()):
+        raise PluginHookError(f"plugrad_conformance_xfails({device!r}) in plugin {rec.name!r} ({rec.label}) must return a dict of str to str "
+                              f"or None, got {type(ret).__name__}")
+      out.update(ret)
+    return out
+
+  def _unknown(self, key: str) -> DeviceError:
+    def provides(r: PluginRecord) -> bool:
+      d = normalize_dist(r.distribution)
+      return r.name.lower() == key.lower() or d == f"plugrad-{key.lower()}" or FIRST_PARTY.get(key) == d
+    for r in self._records:
+      if r.status == "failed" and provides(r): return r.exception(key)
+      if r.status == "blocked" and provides(r):
+        return UnknownDeviceError(f"unknown device {key!r}: plugin {r.name!r} ({r.label}) probably provides it but is blocked ({r.reason}); "
+                                  "add its name to PLUGRAD_PLUGINS or unset PLUGRAD_NO_PLUGINS")
+    msg = f"unknown device {key!r}: no installed plugin provides it."
+    if key in FIRST_PARTY: msg += f" It is provided by {FIRST_PARTY[key]}: pip install {FIRST_PARTY[key]}."
+    names = sorted(self._devices) + sorted(self._aliases)
+    if (close := difflib.get_close_matches(key, names, n=1)): msg += f" Did you mean {close[0]!r}?"
+    msg += f" Known devices: {', '.join(sorted(self._known)) or 'none'}."
+    if (failed := [r for r in self._records if r.status == "failed" and not r.specs]):
+      msg += " These plugins failed to load and may provide it: " + "; ".join(f"{r.name!r} ({r.label}): {r.reason}" for r in failed) + \
+             " (see `python -m plugrad plugins`)."
+    return UnknownDeviceError(msg)
+
+
+def _check_api(s: DeviceSpec, rec: PluginRecord) -> None:
+  (major, minor), (cmaj, cmin) = s.api, API_VERSION
+  if major == cmaj and minor <= cmin: return
+  if (major, minor) > (cmaj, cmin): remedy = f"upgrade plugrad (pip install -U plugrad) or install a {rec.distribution} built for API {cmaj}.x"
+  else: remedy = f"upgrade {rec.distribution} (pip install -U {rec.distribution}) or install a plugrad built for API {major}.x"
+  raise PluginAPIVersionError(f"{rec.label} was built for plugin API {s.api_str}, this plugrad has {cmaj}.{cmin}: {remedy}")
+
+
+def _run_probe(entry: DeviceEntry) -> tuple[str | None, ErrorFactory | None]:
+  if entry.spec.probe is None: return None, None
+  where = f"the probe of device {entry.spec.name} in plugin {entry.plugin.name!r} ({entry.plugin.label})"
+  try: ret = entry.spec.probe()
+  except Exception as e:
+    msg, cause = f"{where} raised {type(e).__name__}: {e}; a probe returns None or a reason string and never raises", e
+    def raised() -> DeviceError:
+      err = PluginHookError(msg)
+      err.__cause__ = cause
+      return err
+    return None, raised
+  if ret is not None and not isinstance(ret, str):
+    bad = f"{where} returned {_describe(ret)}; expected None or a reason string"
+    return None, lambda: PluginHookError(bad)
+  return ret, None
+
+
+def _conflict(key: str, claims: list[tuple[DeviceSpec, PluginRecord]]) -> ErrorFactory:
+  who = " and ".join(f"{r.label} (entry point {r.name!r}{'' if s.name == key else f', as an alias of {s.name}'})" for s, r in claims)
+  names = ",".join(dict.fromkeys(r.name for _, r in claims))
+  msg = (f"device name {key!r} is claimed by more than one plugin: {who}. Uninstall one of them, or choose one with "
+         f"PLUGRAD_PLUGINS (one of: {names}). To replace a single component of a device, use @hookimpl(tryfirst=True) "
+         "on its component hook instead of declaring the device again.")
+  return lambda: PluginConflictError(msg)
+
+
+def _dist_of(ep: EntryPointLike) -> tuple[str, str]:
+  dist = getattr(ep, "dist", None)
+  if dist is None: return "unknown", "unknown"
+  return str(getattr(dist, "name", None) or dist.metadata["Name"]), str(dist.version)
+
+
+def _describe(x: Any) -> str:
+  if isinstance(x, (list, tuple)) and x: return f"a {type(x).__name__} containing {', '.join(sorted({type(i).__name__ for i in x}))}"
+  return f"{type(x).__name__} {x!r}"[:200]
+
+
+def _reinstall_remedy(rec: PluginRecord) -> str:
+  return (f"Remedy: reinstall or upgrade it (pip install -U {rec.distribution}) or uninstall it (pip uninstall {rec.distribution}); "
+          "`python -m plugrad plugins` shows every plugin's status.")
+
+
+def _fix_remedy(rec: PluginRecord) -> str:
+  return (f"Remedy: this is a bug in {rec.distribution}: upgrade it (pip install -U {rec.distribution}) or uninstall it; "
+          "or leave it out with PLUGRAD_PLUGINS.")
+
+
+# ---- the process-wide manager (replaceable, so that tests and embedders can start from a clean state)
+_manager: PluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_manager() -> PluginManager:
+  """The process-wide manager (created on first use; plugins are loaded on the first device query, not here)."""
+  global _manager
+  if (mgr := _manager) is not None: return mgr  # the hot path (every device lookup) takes no lock
+  with _manager_lock:
+    if _manager is None: _manager = PluginManager()
+    return _manager
+
+
+def reset_manager(manager: PluginManager | None = None) -> None:
+  """Replace the process-wide manager (None: a fresh one that re-reads the entry points and the environment)."""
+  global _manager
+  with _manager_lock: _manager = manager

@@ -1,0 +1,70 @@
+"""`Renderer`: turns a linear program into source text, and describes the device to the codegen.
+
+The attributes are what the optimizer and the lowering read (never the device name): whether there are workgroups
+and shared memory, the launch limits, vector loads, tensor cores and the dtypes the device can compute in.
+The conformance suite gates its tests on `capabilities`.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from plugrad.renderer.tensor_cores import TensorCore
+from plugrad.uop.ops import Ops, UOp
+
+# The capabilities a renderer may claim (docs/writing-a-backend.md): dtypes it computes in, and features it lowers to.
+CAPABILITIES = frozenset({"float16", "bfloat16", "float64", "int64", "locals", "shared", "tensor_cores", "images"})
+Dims3 = tuple[int, int, int]
+
+
+class RendererError(ValueError):
+  """A renderer is misconfigured, or was given something it cannot render."""
+
+
+class Renderer(abc.ABC):
+  """Subclasses implement `render(program)` and set the attributes below (the defaults describe the least capable
+  device: no workgroups, no shared memory, no vector loads, no tensor cores, float32/int32 only)."""
+  device: str
+  has_local: bool = False                   # workgroups exist (SPECIAL lidxN may be emitted)
+  has_shared: bool = False                  # DEFINE_LOCAL (workgroup memory) may be emitted
+  global_max: Dims3 | None = None           # the most workgroups per dimension; None = no limit
+  local_max: Dims3 | None = None            # the largest workgroup per dimension; None = no limit
+  shared_max: int = 0                       # bytes of DEFINE_LOCAL memory one kernel may use
+  supports_float4: bool = False             # vector loads and stores (LOAD/STORE of T.vec(n))
+  tensor_cores: tuple[TensorCore, ...] = ()  # the WMMA instructions the renderer can emit
+  capabilities: frozenset[str] = frozenset()
+
+  def __init__(self, device: str):
+    if not isinstance(device, str) or not device: raise RendererError(f"a Renderer needs the device name as a non-empty str, got {device!r}")
+    self.device = device
+
+  def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}>"
+
+  @abc.abstractmethod
+  def render(self, program: UOp) -> str:
+    """The source code of `program`, a PROGRAM UOp at the "linear" stage (read `program.uops` and `program.name`)."""
+
+  def validate(self) -> Renderer:
+    """Check that the attributes are consistent (call at the end of `__init__`); returns self."""
+    who = f"{type(self).__name__}({self.device})"
+    if not isinstance(self.capabilities, frozenset) or not self.capabilities <= CAPABILITIES:
+      raise RendererError(f"{who}.capabilities must be a frozenset of {sorted(CAPABILITIES)}, got {self.capabilities!r}")
+    for what, dims in (("global_max", self.global_max), ("local_max", self.local_max)):
+      if dims is not None and not (isinstance(dims, tuple) and len(dims) == 3 and all(isinstance(d, int) and d > 0 for d in dims)):
+        raise RendererError(f"{who}.{what} must be None or three positive ints, got {dims!r}")
+    if not isinstance(self.shared_max, int) or self.shared_max < 0:
+      raise RendererError(f"{who}.shared_max must be an int >= 0, got {self.shared_max!r}")
+    if not isinstance(self.tensor_cores, tuple) or not all(isinstance(tc, TensorCore) for tc in self.tensor_cores):
+      raise RendererError(f"{who}.tensor_cores must be a tuple of TensorCore")
+    for flag, cap in ((self.has_local, "locals"), (self.has_shared, "shared"), (bool(self.tensor_cores), "tensor_cores")):
+      if flag != (cap in self.capabilities): raise RendererError(f"{who}: capability {cap!r} must be claimed exactly when the device has it")
+    if self.has_shared and not self.has_local: raise RendererError(f"{who}: shared memory needs workgroups (has_local)")
+    return self
+
+
+def linear_parts(program: Any) -> tuple[str, tuple[UOp, ...]]:
+  """(name, uops) of a PROGRAM UOp at the "linear" stage or later, with a clear error for anything else."""
+  if not isinstance(program, UOp) or program.op is not Ops.PROGRAM:
+    got = f"a {program.op.name} UOp" if isinstance(program, UOp) else type(program).__name__
+    raise RendererError(f"render needs a PROGRAM UOp at the linear stage, got {got}")
+  return program.name, program.uops  # type: ignore[attr-defined]  # ProgramUOp accessors (uop/program.py)

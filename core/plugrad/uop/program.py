@@ -1,0 +1,338 @@
+"""The PROGRAM UOp: a compiled kernel, grown stage by stage, with every derived fact exposed by name.
+
+```
+PROGRAM(src=(SINK, DEVICE[, LINEAR[, SOURCE[, BINARY]]]))     stage "ast" → "linear" → "source" → "binary"
+```
+
+This is the ONLY module that knows the positions of PROGRAM's sources (ARCHITECTURE §3); everything else uses the
+accessors of `ProgramUOp`, the class every PROGRAM UOp is an instance of (built anywhere, rebuilt by graph_rewrite
+or unpickled). Derived values are cached per object: UOps are immutable, so they never go stale.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from plugrad.dtype import PtrDType, dtypes
+from plugrad.helpers import all_int
+from plugrad.uop import spec
+from plugrad.uop.ops import OP_CLASSES, GroupOp, KernelInfo, Ops, UOp, sint
+
+LAYOUT: tuple[Ops, ...] = (Ops.SINK, Ops.DEVICE, Ops.LINEAR, Ops.SOURCE, Ops.BINARY)
+PROGRAM_STAGES: tuple[str, ...] = ("ast", "linear", "source", "binary")  # the stage of a PROGRAM with 2, 3, 4 or 5 sources
+
+
+class ProgramError(ValueError):
+  """A PROGRAM UOp is malformed, or an accessor got bad input (a missing variable, a bad device name)."""
+
+
+class ProgramStageError(ProgramError):
+  """A PROGRAM is not at the stage an accessor or builder needs."""
+
+
+# ---- symbolic sizes: launch sizes and loop trips are given in the `index` domain, like tensor shapes
+
+def _index_expr(x: UOp) -> sint:
+  """`x` as an int when constant, else the same expression with its integers retyped to `index` (so a size built from
+  an int32 `n` compares equal to the user's `Variable("n", ...)` and products of sizes never wrap)."""
+  if x.op is Ops.CONST: return x.arg
+  done: dict[UOp, UOp] = {}
+  for u in x.toposort:
+    dt = dtypes.index if not isinstance(u.dtype, PtrDType) and u.dtype.count == 1 and dtypes.is_int(u.dtype) else u.dtype
+    done[u] = UOp(u.op, dt, tuple(done[s] for s in u.src), u.arg)
+  return done[x]
+
+
+def _smul(a: sint, b: sint) -> sint:
+  if isinstance(a, int) and isinstance(b, int): return a * b
+  if (isinstance(a, int) and a == 0) or (isinstance(b, int) and b == 0): return 0
+  if isinstance(a, int) and a == 1: return b
+  if isinstance(b, int) and b == 1: return a
+  return cast(UOp, a * b) if isinstance(a, UOp) else cast(UOp, b) * a
+
+
+def _sadd(a: sint, b: sint) -> sint:
+  if isinstance(a, int) and isinstance(b, int): return a + b
+  if isinstance(a, int) and a == 0: return b
+  if isinstance(b, int) and b == 0: return a
+  return cast(UOp, a + b) if isinstance(a, UOp) else cast(UOp, b) + a
+
+
+def _simplify(x: sint) -> sint:
+  if isinstance(x, int): return x
+  from plugrad.uop.symbolic import ssimplify
+  return ssimplify(x)
+
+
+def _buffer_of(u: UOp) -> UOp | None:
+  """The DEFINE_* a pointer expression addresses: INDEX, pointer CASTs and vectors of pointers all keep it first."""
+  while u.op not in GroupOp.Defines and u.src: u = u.src[0]
+  return u if u.op in GroupOp.Defines else None
+
+
+def _wmma_dims(arg: Any) -> tuple[int, int, int] | None:
+  for a in arg if isinstance(arg, tuple) else ():
+    if isinstance(a, tuple) and len(a) == 3 and all_int(a) and all(d > 0 for d in a): return cast(tuple[int, int, int], a)
+  return None
+
+
+@dataclass(frozen=True)
+class Estimates:
+  """The work a kernel does, counted from its linear uops (see `from_uops` for the exact rule)."""
+  ops: sint = 0
+  lds: sint = 0
+  mem: sint = 0
+  local_bytes: int = 0
+
+  def __add__(self, o: Estimates) -> Estimates:
+    if not isinstance(o, Estimates): return NotImplemented
+    return Estimates(_sadd(self.ops, o.ops), _sadd(self.lds, o.lds), _sadd(self.mem, o.mem), self.local_bytes + o.local_bytes)
+
+  def at(self, var_vals: Mapping[str | UOp, int]) -> Estimates:
+    """These estimates with the symbolic sizes evaluated at `var_vals` (a missing variable raises ProgramError)."""
+    vals = _var_values(var_vals)
+    return Estimates(_infer(self.ops, vals, "ops"), _infer(self.lds, vals, "lds"), _infer(self.mem, vals, "mem"), self.local_bytes)
+
+  @staticmethod
+  def from_uops(uops: Sequence[UOp]) -> Estimates:
+    """Count the work of a linear program (uops in execution order, as in LINEAR).
+
+    Every count is per execution of a uop, multiplied by the trip counts (RANGE bounds) of the loops open around it and by
+    the number of threads, the product of the sizes of all SPECIALs. IF blocks are counted as taken (an upper bound).
+    * `ops`: ALU uops on the data path, i.e. those whose values flow into a STORE's value (address, gate and
+      loop-bound arithmetic is not counted). Each counts its vector width; MULACC counts 2 per lane; a WMMA whose
+      arg holds a tuple of three positive ints (N, M, K) counts 2*N*M*K (one without dims counts nothing).
+    * `lds`: bytes moved to and from GLOBAL memory: each LOAD and STORE through a DEFINE_GLOBAL counts the itemsize of
+      its value dtype (vector width included).
+    * `mem`: bytes of the distinct DEFINE_GLOBAL buffers loaded or stored: pointer size × itemsize, or that buffer's
+      `lds` traffic when the size is unknown (-1).
+    * `local_bytes`: size × itemsize of every DEFINE_LOCAL.
+    Symbolic bounds give symbolic counts (in the index domain).
+    """
+    uops = tuple(uops)
+    threads: sint = 1
+    for u in dict.fromkeys(u for u in uops if u.op is Ops.SPECIAL): threads = _smul(threads, _index_expr(u.src[0]))
+    data: set[UOp] = set()  # the data path, found walking back from the stored values
+    for u in reversed(uops):
+      if u.op is Ops.STORE: data.add(u.src[1])
+      elif u in data:
+        if u.op is Ops.LOAD: data.update(s for s in u.src[1:2] if s.dtype is not dtypes.void)  # the alt value, not the address
+        elif u.op is not Ops.INDEX: data.update(u.src)
+    trips: list[sint] = [1]
+    ops: sint = 0
+    traffic: dict[UOp, sint] = {}
+    local_bytes = 0
+    for u in uops:
+      if u.op is Ops.RANGE: trips.append(_smul(trips[-1], _index_expr(u.src[0])))
+      elif u.op is Ops.ENDRANGE:
+        if len(trips) == 1: raise ProgramError("Estimates.from_uops: an ENDRANGE without an open RANGE (uops not in execution order?)")
+        trips.pop()
+      elif u.op in GroupOp.ALU and u in data: ops = _sadd(ops, _smul(u.dtype.count * (2 if u.op is Ops.MULACC else 1), trips[-1]))
+      elif u.op is Ops.WMMA and u in data and (d := _wmma_dims(u.arg)) is not None: ops = _sadd(ops, _smul(2 * d[0] * d[1] * d[2], trips[-1]))
+      elif u.op in (Ops.LOAD, Ops.STORE) and (buf := _buffer_of(u.src[0])) is not None and buf.op is Ops.DEFINE_GLOBAL:
+        nbytes = (u.dtype if u.op is Ops.LOAD else u.src[1].dtype).itemsize
+        traffic[buf] = _sadd(traffic.get(buf, 0), _smul(nbytes, trips[-1]))
+      elif u.op is Ops.DEFINE_LOCAL:
+        if not isinstance(u.dtype, PtrDType) or u.dtype.size < 0: raise ProgramError(f"Estimates.from_uops: DEFINE_LOCAL {u.arg!r} has no known size")
+        local_bytes += u.dtype.size * u.dtype.base.itemsize
+    lds: sint = 0
+    mem: sint = 0
+    for buf, moved in traffic.items():
+      lds = _sadd(lds, moved)
+      ptr = cast(PtrDType, buf.dtype)
+      mem = _sadd(mem, ptr.size * ptr.base.itemsize if ptr.size >= 0 else _smul(moved, threads))
+    return Estimates(_simplify(_smul(ops, threads)), _simplify(_smul(lds, threads)), _simplify(mem), local_bytes)
+
+
+# ---- variable values at launch
+
+def _var_values(var_vals: Mapping[str | UOp, int] | None) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for k, v in (var_vals or {}).items():
+    if isinstance(k, UOp) and k.op is Ops.DEFINE_VAR: name = k.arg[0]
+    elif isinstance(k, str): name = k
+    else: raise TypeError(f"var_vals keys must be variable names or DEFINE_VAR UOps, got {type(k).__name__} {k!r}")
+    if not isinstance(v, int) or isinstance(v, bool): raise TypeError(f"the value of variable {name!r} must be an int, got {type(v).__name__} {v!r}")
+    out[name] = v
+  return out
+
+
+def _infer(x: sint, vals: dict[str, int], what: str) -> int:
+  if isinstance(x, int): return x
+  from plugrad.uop.symbolic import sym_infer
+  bound: dict[UOp, int] = {}
+  for var in x.variables():
+    name, lo, hi = var.arg
+    if name not in vals: raise ProgramError(f"{what} needs a value for variable {name!r} (in [{lo}, {hi}]); var_vals has {sorted(vals)}")
+    if not lo <= vals[name] <= hi: raise ProgramError(f"{what}: the value {vals[name]} of variable {name!r} is outside its range [{lo}, {hi}]")
+    bound[var] = vals[name]
+  ret = sym_infer(x, bound)
+  if not isinstance(ret, int): raise ProgramError(f"{what} did not evaluate to an int: {x.render(simplify=False)} gave {ret!r}")
+  return ret
+
+
+# ---- the PROGRAM UOp
+
+class ProgramUOp(UOp):
+  """A PROGRAM UOp with named accessors for its parts and what is derived from them."""
+  __slots__ = ()
+
+  @functools.cached_property
+  def stage(self) -> str:
+    """"ast", "linear", "source" or "binary": how far the pipeline has grown this program."""
+    ops = tuple(s.op for s in self.src)
+    if not 2 <= len(ops) <= len(LAYOUT) or ops != LAYOUT[:len(ops)]:
+      raise ProgramError(f"malformed PROGRAM: its sources are ({', '.join(o.name for o in ops)}); "
+                         "expected SINK, DEVICE[, LINEAR[, SOURCE[, BINARY]]]")
+    return PROGRAM_STAGES[len(ops) - 2]
+
+  def _part(self, op: Ops, what: str) -> UOp:
+    i, stage = LAYOUT.index(op), self.stage  # `stage` also validates the layout
+    if i >= len(self.src):
+      raise ProgramStageError(f"program {self.name!r} is at the {stage!r} stage; {what} needs the {PROGRAM_STAGES[i - 1]!r} stage")
+    return self.src[i]
+
+  # ---- the parts
+  @property
+  def ast(self) -> UOp:
+    """The (optimized) kernel AST: a SINK whose arg is a KernelInfo."""
+    return self._part(Ops.SINK, "ast")
+
+  @property
+  def info(self) -> KernelInfo:
+    if not isinstance(ki := self.ast.arg, KernelInfo): raise ProgramError(f"malformed PROGRAM: its SINK arg is {ki!r}, not a KernelInfo")
+    return ki
+
+  @property
+  def name(self) -> str: return self.info.name
+  @property
+  def applied_opts(self) -> tuple[Any, ...]: return self.info.applied_opts
+  @property
+  def device(self) -> str: return self._part(Ops.DEVICE, "device").arg
+  @property
+  def uops(self) -> tuple[UOp, ...]: return self._part(Ops.LINEAR, "uops").src
+  @property
+  def source(self) -> str: return self._part(Ops.SOURCE, "source").arg
+  @property
+  def binary(self) -> bytes: return self._part(Ops.BINARY, "binary").arg
+
+  # ---- derived: from the linear uops when there are any, else from the AST
+  @functools.cached_property
+  def _nodes(self) -> tuple[UOp, ...]: return self.uops if self.stage != "ast" else tuple(self.ast.toposort)
+
+  @functools.cached_property
+  def buffers(self) -> tuple[UOp, ...]:
+    """The DEFINE_GLOBAL uops in slot order: buffer handles are passed to a launch in this order."""
+    return tuple(sorted((u for u in self._nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg))
+
+  @functools.cached_property
+  def globals(self) -> tuple[int, ...]: return tuple(u.arg for u in self.buffers)
+
+  def _slots(self, op: Ops) -> tuple[int, ...]:
+    return tuple(sorted({b.arg for u in self._nodes if u.op is op and (b := _buffer_of(u.src[0])) is not None and b.op is Ops.DEFINE_GLOBAL}))
+
+  @functools.cached_property
+  def ins(self) -> tuple[int, ...]:
+    """The global slots the kernel loads from, sorted."""
+    return self._slots(Ops.LOAD)
+
+  @functools.cached_property
+  def outs(self) -> tuple[int, ...]:
+    """The global slots the kernel stores to, sorted."""
+    return self._slots(Ops.STORE)
+
+  @functools.cached_property
+  def vars(self) -> tuple[UOp, ...]:
+    """The DEFINE_VARs of the kernel sorted by name: their values are passed to a launch in this order."""
+    found = {u.src[0] if u.op is Ops.BIND else u: None for u in self._nodes if u.op in (Ops.DEFINE_VAR, Ops.BIND)}
+    return tuple(sorted(found, key=lambda v: v.arg[0]))
+
+  @functools.cached_property
+  def _dims(self) -> tuple[tuple[sint, sint, sint], tuple[sint, sint, sint]]:
+    sizes: dict[str, UOp] = {}
+    for u in self._nodes:
+      if u.op is Ops.SPECIAL and sizes.setdefault(u.arg, u.src[0]) is not u.src[0]:
+        raise ProgramError(f"malformed PROGRAM {self.name!r}: SPECIAL {u.arg!r} appears with two different sizes")
+    def dims(prefix: str) -> tuple[sint, sint, sint]:
+      g = [_index_expr(sizes[k]) if (k := f"{prefix}{i}") in sizes else 1 for i in range(3)]
+      return (g[0], g[1], g[2])
+    return dims("gidx"), dims("lidx")
+
+  @property
+  def global_size(self) -> tuple[sint, sint, sint]:
+    """Workgroups per dimension (the sizes of the `gidxN` SPECIALs, 1 where absent); symbolic sizes are index-dtype UOps."""
+    return self._dims[0]
+
+  @property
+  def local_size(self) -> tuple[sint, sint, sint]:
+    """The workgroup shape (the sizes of the `lidxN` SPECIALs, 1 where absent)."""
+    return self._dims[1]
+
+  def launch_dims(self, var_vals: Mapping[str | UOp, int] | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(global_size, local_size) as ints, with variables (by name or DEFINE_VAR) taken from `var_vals`."""
+    vals = _var_values(var_vals)
+    g = tuple(_infer(x, vals, f"the global size of {self.name!r}") for x in self.global_size)
+    l = tuple(_infer(x, vals, f"the local size of {self.name!r}") for x in self.local_size)
+    return (g[0], g[1], g[2]), (l[0], l[1], l[2])
+
+  @functools.cached_property
+  def estimates(self) -> Estimates:
+    """The work of the kernel counted from its uops (`Estimates.from_uops`); needs the linear stage."""
+    return Estimates.from_uops(self._part(Ops.LINEAR, "estimates").src)
+
+  # ---- new programs from this one
+  def _grow(self, need: str, part: UOp) -> ProgramUOp:
+    if self.stage != need:
+      nxt = PROGRAM_STAGES[PROGRAM_STAGES.index(need) + 1]
+      raise ProgramStageError(f"program {self.name!r} is at the {self.stage!r} stage; adding {part.op.name} (the {nxt!r} stage) "
+                              f"needs the {need!r} stage")
+    return _checked(UOp(Ops.PROGRAM, dtypes.void, (*self.src, part)))
+
+  def with_linear(self, uops: Sequence[UOp]) -> ProgramUOp:
+    """This program (at the "ast" stage) with its linearized uops added."""
+    if isinstance(uops, UOp) or not isinstance(uops, Sequence): raise TypeError(f"with_linear needs a sequence of UOps, got {type(uops).__name__}")
+    return self._grow("ast", UOp(Ops.LINEAR, dtypes.void, tuple(uops)))
+
+  def with_source(self, src: str) -> ProgramUOp:
+    """This program (at the "linear" stage) with its rendered source code added."""
+    if not isinstance(src, str): raise TypeError(f"with_source needs a str, got {type(src).__name__}")
+    return self._grow("linear", UOp(Ops.SOURCE, dtypes.void, (), src))
+
+  def with_binary(self, b: bytes) -> ProgramUOp:
+    """This program (at the "source" stage) with its compiled code added."""
+    if not isinstance(b, (bytes, bytearray, memoryview)): raise TypeError(f"with_binary needs bytes, got {type(b).__name__}")
+    return self._grow("source", UOp(Ops.BINARY, dtypes.void, (), bytes(b)))
+
+  def with_device(self, name: str) -> ProgramUOp:
+    """The same program for another device (the canonical string, like "CUDA:1"), at the same stage."""
+    _check_device(name)
+    return _checked(UOp(Ops.PROGRAM, dtypes.void, tuple(UOp(Ops.DEVICE, dtypes.void, (), name) if s.op is Ops.DEVICE else s for s in self.src)))
+
+
+OP_CLASSES[Ops.PROGRAM] = ProgramUOp
+
+
+def _check_device(name: Any) -> None:
+  if not isinstance(name, str) or not spec.DEVICE_RE.fullmatch(name):
+    raise ProgramError(f"a program's device must be a canonical device string like 'CPU' or 'CUDA:1', got {name!r}")
+
+
+def _checked(p: UOp) -> ProgramUOp:
+  if not isinstance(p, ProgramUOp): raise ProgramError(f"a PROGRAM UOp was not built as a ProgramUOp ({type(p).__name__}): is plugrad.uop imported?")
+  spec.maybe_check("program", p)
+  return p
+
+
+def make_program(ast: UOp, device: str) -> ProgramUOp:
+  """The first stage of a compiled kernel: PROGRAM(SINK, DEVICE). A SINK without an arg gets KernelInfo()."""
+  if not isinstance(ast, UOp) or ast.op is not Ops.SINK:
+    raise ProgramError(f"make_program needs a kernel AST rooted at a SINK, got {ast.op.name if isinstance(ast, UOp) else type(ast).__name__}")
+  if ast.arg is None: ast = ast.replace(arg=KernelInfo())
+  elif not isinstance(ast.arg, KernelInfo): raise ProgramError(f"the SINK of a kernel AST needs a KernelInfo arg, got {ast.arg!r}")
+  _check_device(device)
+  return _checked(UOp(Ops.PROGRAM, dtypes.void, (ast, UOp(Ops.DEVICE, dtypes.void, (), device))))
+
+
+__all__ = ["LAYOUT", "PROGRAM_STAGES", "Estimates", "ProgramError", "ProgramStageError", "ProgramUOp", "make_program"]

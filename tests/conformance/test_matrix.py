@@ -1,0 +1,22 @@
+"""The per-device conformance matrix (ARCHITECTURE §6): every device this machine has runs every tier it allows,
+through the same command a backend author uses: `pytest --pyargs plugrad.testing --plugrad-device=NAME`."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+CASES = [("PYTHON", None), ("NULL", None), ("PYTHON", "CUDA"), ("PYTHON", "METAL"), ("PYTHON", "AMD")]
+
+
+@pytest.mark.parametrize("device, emulate", CASES, ids=[d + (f"-EMULATE={e}" if e else "") for d, e in CASES])
+def test_conformance_suite(device, emulate, tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATE"))}
+  env.update(SPEC="1", PLUGRAD_STRICT_PLUGINS="1", PLUGRAD_CACHE_DIR=str(tmp_path))
+  if emulate: env["EMULATE"] = emulate
+  cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--pyargs", "plugrad.testing",
+         f"--plugrad-device={device}", "-o", "addopts="]
+  res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+  summary = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+  assert res.returncode == 0, f"conformance suite failed on {device} (EMULATE={emulate}): {summary}\n{res.stdout[-6000:]}\n{res.stderr[-2000:]}"
+  assert " passed" in summary, summary
