@@ -3,3 +3,5 @@ import os
 
 os.environ.setdefault("SPEC", "1")
 os.environ.setdefault("PLUGRAD_STRICT_PLUGINS", "1")
+
+pytest_plugins = ["pytester"]

@@ -5,6 +5,7 @@ them (which UOp hash-consing does constantly) costs an identity check.
 """
 from __future__ import annotations
 
+import builtins
 import enum
 import math
 from typing import Any, Final
@@ -135,13 +136,13 @@ class dtypes:
   all: tuple[DType, ...] = (bool,) + ints + floats
 
   @staticmethod
-  def is_float(x: DType) -> bool: return x.scalar() in dtypes.floats or isinstance(x, PtrDType) and x.base in dtypes.floats
+  def is_float(x: DType) -> builtins.bool: return x.scalar() in dtypes.floats or isinstance(x, PtrDType) and x.base in dtypes.floats
   @staticmethod
-  def is_int(x: DType) -> bool: return x.scalar() in dtypes.ints or x.scalar() is dtypes.index
+  def is_int(x: DType) -> builtins.bool: return x.scalar() in dtypes.ints or x.scalar() is dtypes.index
   @staticmethod
-  def is_unsigned(x: DType) -> bool: return x.scalar() in dtypes.uints
+  def is_unsigned(x: DType) -> builtins.bool: return x.scalar() in dtypes.uints
   @staticmethod
-  def is_bool(x: DType) -> bool: return x.scalar() is dtypes.bool
+  def is_bool(x: DType) -> builtins.bool: return x.scalar() is dtypes.bool
 
   @staticmethod
   def from_py(x: Any) -> DType:
@@ -188,7 +189,7 @@ class dtypes:
     return math.inf
 
   @staticmethod
-  def finfo(dt: DType) -> tuple[int, int]:
+  def finfo(dt: DType) -> tuple[builtins.int, builtins.int]:
     """(exponent bits, mantissa bits) of a float dtype."""
     table = {dtypes.float16: (5, 10), dtypes.bfloat16: (8, 7), dtypes.float32: (8, 23), dtypes.float64: (11, 52)}
     if dt.scalar() not in table: raise TypeError(f"finfo needs a float dtype, got {dt}")

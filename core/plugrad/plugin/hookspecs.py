@@ -106,7 +106,7 @@ def plugrad_graph(device: str) -> Any:
 
 @hookspec
 def plugrad_conformance_xfails(device: str) -> Any:
-  """Return {test name pattern: reason} for the conformance tests `device` is known to fail (fnmatch patterns on the
+  """Return {test name pattern: reason} for the conformance tests `device` is known to fail (glob patterns (`*`, `?`) on the
   test name, e.g. "test_kernel[ew-idiv-long-*]"), or None. The suite marks them xfail(strict=True): a listed test that
   passes fails the run, so the list stays true. All plugins' answers are merged."""
 

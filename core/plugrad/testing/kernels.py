@@ -13,13 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from plugrad.dtype import AddrSpace, DType, dtypes
+from plugrad.dtype import INVERSE_NAMES, AddrSpace, DType, dtypes
 from plugrad.renderer.base import Renderer
 from plugrad.renderer.tensor_cores import TensorCore
 from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp, Variable
 from plugrad.uop.program import ProgramUOp, make_program
 
 I32 = dtypes.int32
+
+
+def dname(dt: DType) -> str: return INVERSE_NAMES[dt]
 
 
 @dataclass
@@ -154,7 +157,7 @@ def elementwise(op: Ops, dt: DType) -> Callable[[Renderer], SuiteKernel]:
     y = _inputs(dt, N, 2, nonzero=op in (Ops.IDIV, Ops.MOD, Ops.FDIV), small=shift)
     want = _ref_binary(op, x, y, dt)
     tol = {dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2}.get(dt, 1e-6 if dtypes.is_float(dt) else 0.0)
-    return SuiteKernel(f"ew_{op.name.lower()}_{dt.name.replace(' ', '_')}", k.linear, {1: x, 2: y}, {0: want}, {0: N, 1: N, 2: N},
+    return SuiteKernel(f"ew_{op.name.lower()}_{dname(dt)}", k.linear, {1: x, 2: y}, {0: want}, {0: N, 1: N, 2: N},
                        {0: out_dt, 1: dt, 2: dt}, _dtype_needs(dt), rtol=tol, atol=tol)
   return build
 
@@ -173,7 +176,7 @@ def unary(op: Ops, dt: DType) -> Callable[[Renderer], SuiteKernel]:
     if op in (Ops.LOG2, Ops.SQRT): x = np.abs(x)
     with np.errstate(all="ignore"): want = as_dtype(refs[op](x.astype(np.float64)), dt)
     tol = {dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2, dtypes.float64: 1e-12}.get(dt, 2e-6)
-    return SuiteKernel(f"un_{op.name.lower()}_{dt.name.replace(' ', '_')}", k.linear, {1: x}, {0: want}, {0: N, 1: N}, {0: dt, 1: dt},
+    return SuiteKernel(f"un_{op.name.lower()}_{dname(dt)}", k.linear, {1: x}, {0: want}, {0: N, 1: N}, {0: dt, 1: dt},
                        _dtype_needs(dt), rtol=tol, atol=tol)
   return build
 
@@ -189,7 +192,7 @@ def cast(src: DType, dst: DType) -> Callable[[Renderer], SuiteKernel]:
     if dtypes.is_float(src) and dtypes.is_int(dst): x = np.abs(x) if dtypes.is_unsigned(dst) else x  # negative float → uint is UB in C
     want = (x != 0) if dst is dtypes.bool else as_dtype(np.trunc(x.astype(np.float64)) if dtypes.is_int(dst) else x.astype(np.float64), dst)
     tol = 1e-2 if dtypes.bfloat16 in (src, dst) else 1e-3 if dtypes.float16 in (src, dst) else 0.0
-    return SuiteKernel(f"cast_{src.name.replace(' ', '_')}_to_{dst.name.replace(' ', '_')}", k.linear, {1: x}, {0: want}, {0: N, 1: N},
+    return SuiteKernel(f"cast_{dname(src)}_to_{dname(dst)}", k.linear, {1: x}, {0: want}, {0: N, 1: N},
                        {0: dst, 1: src}, _dtype_needs(src) | _dtype_needs(dst), rtol=tol, atol=tol)
   return build
 
@@ -425,14 +428,14 @@ def suite() -> dict[str, Callable[[Renderer], SuiteKernel]]:
   for dt in dtypes.all:
     for op in _binary_ops(dt):
       if op is Ops.SUB and not dtypes.is_float(dt): continue  # ints subtract as a + b*-1 (docs/ir.md)
-      out[f"ew-{op.name.lower()}-{dt.name.replace(' ', '_')}"] = elementwise(op, dt)
+      out[f"ew-{op.name.lower()}-{dname(dt)}"] = elementwise(op, dt)
   for dt in dtypes.floats:
-    for op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC): out[f"un-{op.name.lower()}-{dt.name}"] = unary(op, dt)
+    for op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC): out[f"un-{op.name.lower()}-{dname(dt)}"] = unary(op, dt)
   pairs = [(dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.float32), (dtypes.float32, dtypes.uint8), (dtypes.int8, dtypes.int32),
            (dtypes.int32, dtypes.int8), (dtypes.float32, dtypes.bool), (dtypes.bool, dtypes.float32), (dtypes.float32, dtypes.float16),
            (dtypes.float16, dtypes.float32), (dtypes.float32, dtypes.bfloat16), (dtypes.bfloat16, dtypes.float32), (dtypes.float64, dtypes.float32),
            (dtypes.int64, dtypes.float64), (dtypes.uint32, dtypes.float32)]
-  for s, d in pairs: out[f"cast-{s.name.replace(' ', '_')}-{d.name.replace(' ', '_')}"] = cast(s, d)
+  for s, d in pairs: out[f"cast-{dname(s)}-{dname(d)}"] = cast(s, d)
   for fn in (reduce_rows, symbolic_size, gated, global_ids, workgroup, shared_reduce, vectors, where_select, threefry): out[fn.__name__] = fn
   return out
 

@@ -5,7 +5,7 @@ import pytest
 from plugrad.device.buffer import Buffer
 from plugrad.device.smoke import run_smoke
 from plugrad.dtype import dtypes
-from plugrad.testing.kernels import np_dtype
+from plugrad.testing.kernels import dname, np_dtype
 
 pytestmark = pytest.mark.plugrad_conformance
 
@@ -21,7 +21,7 @@ def test_smoke(plugrad_dev):
   assert res.passed, res.error or res.detail
 
 
-@pytest.mark.parametrize("dt", [d for d in dtypes.all if d is not dtypes.bfloat16], ids=lambda d: d.name.replace(" ", "_"))
+@pytest.mark.parametrize("dt", [d for d in dtypes.all if d is not dtypes.bfloat16], ids=dname)
 def test_copy_roundtrip(runs, dt):
   x = (np.arange(257) % 7).astype(np_dtype(dt))
   buf = Buffer(runs.name, x.size, dt).copyin(x.data.cast("B"))

@@ -118,6 +118,7 @@ class UOp:
   dtype: DType
   src: tuple[UOp, ...]
   arg: Any
+  _key: tuple
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
     if src.__class__ is not tuple:

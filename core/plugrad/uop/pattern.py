@@ -36,7 +36,10 @@ class UPat:
     self.op: tuple[Ops, ...] | None = (op,) if isinstance(op, Ops) else tuple(op) if op is not None else None
     if self.op is not None and not all(isinstance(o, Ops) for o in self.op): raise UPatError(f"UPat op must be Ops, got {op!r}")
     self.dtype: tuple[DType, ...] | None = (dtype,) if isinstance(dtype, DType) else tuple(dtype) if dtype is not None else None
-    self.arg, self.name, self.alts = arg, name, None
+    self.arg, self.name = arg, name
+    self.alts: tuple[UPat, ...] | None = None
+    self.src: tuple[UPat, ...] | None
+    self.src_kind: str | None
     if src is None: self.src_kind, self.src = None, None
     elif isinstance(src, UPat): self.src_kind, self.src = "repeat", (src,)
     elif isinstance(src, list): self.src_kind, self.src = "perm", tuple(src)
@@ -44,10 +47,10 @@ class UPat:
     else: raise UPatError(f"UPat src must be a UPat, tuple or list, got {type(src).__name__}")
     if self.src is not None and not all(isinstance(s, UPat) for s in self.src): raise UPatError(f"UPat src entries must be UPats: {src!r}")
     if self.src_kind == "perm" and allow_any_len: raise UPatError("a permutation src (list) cannot allow_any_len")
-    self.allowed_len = -1 if allow_any_len or self.src_kind in (None, "repeat") else len(self.src)  # type: ignore[arg-type]
+    fixed = self.src if self.src_kind in ("seq", "perm") else None
+    self.allowed_len = len(fixed) if fixed is not None and not allow_any_len else -1
     # ops that must appear among the sources: a cheap test before a full match
-    self.early_reject = frozenset(s.op[0] for s in self.src if s.op is not None and len(s.op) == 1) \
-      if self.src_kind in ("seq", "perm") else frozenset()
+    self.early_reject = frozenset(s.op[0] for s in fixed if s.op is not None and len(s.op) == 1) if fixed is not None else frozenset()
 
   # ---- constructors
   @staticmethod
