@@ -152,6 +152,7 @@ class Buffer:
 
   def numpy(self) -> np.ndarray:
     """A new 1-D numpy array with the contents (bfloat16, which numpy lacks, comes back as float32)."""
+    if self.size == 0: return np.empty(0, np.float32 if self.dtype is dtypes.bfloat16 else dtypes.to_numpy(self.dtype))
     if self.dtype is dtypes.bfloat16:
       raw = np.empty(self.size, np.uint16)
       self.copyout(raw.data.cast("B"))

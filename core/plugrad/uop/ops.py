@@ -297,6 +297,43 @@ class UOp:
   def sin(self) -> UOp: return self.alu(Ops.SIN)
   def trunc(self) -> UOp: return self.alu(Ops.TRUNC)
 
+  # ---- tensor graph (stage 1): shapes, devices and movement, checked where they are written (uop/shape.py)
+  @property
+  def shape(self) -> tuple[sint, ...] | None:
+    from plugrad.uop.shape import shape_of
+    return shape_of(self)
+
+  @property
+  def tensor_device(self) -> Any:
+    from plugrad.uop.shape import device_of
+    return device_of(self)
+
+  def _mop(self, op: Ops, arg: tuple) -> UOp:
+    from plugrad.uop.shape import ShapeError, check_movement
+    if (shape := self.shape) is None: raise ShapeError(f"{op.name.lower()} of a {self.op.name}, which has no shape")
+    check_movement(op, shape, arg)
+    if op in (Ops.RESHAPE, Ops.EXPAND) and arg == shape: return self
+    if (op is Ops.PERMUTE and arg == tuple(range(len(arg)))) or (op is Ops.FLIP and not any(arg)): return self
+    if op is Ops.PAD and all(p == (0, 0) for p in arg): return self
+    if op is Ops.SHRINK and all(se == (0, d) for se, d in zip(arg, shape)): return self
+    return UOp(op, self.dtype, (self,), arg)
+
+  def reshape(self, shape: tuple[sint, ...]) -> UOp: return self._mop(Ops.RESHAPE, tuple(shape))
+  def expand(self, shape: tuple[sint, ...]) -> UOp: return self._mop(Ops.EXPAND, tuple(shape))
+  def permute(self, order: tuple[int, ...]) -> UOp: return self._mop(Ops.PERMUTE, tuple(order))
+  def pad(self, padding: tuple[tuple[sint, sint], ...]) -> UOp: return self._mop(Ops.PAD, tuple((b, a) for b, a in padding))
+  def shrink(self, bounds: tuple[tuple[sint, sint], ...]) -> UOp: return self._mop(Ops.SHRINK, tuple((b, e) for b, e in bounds))
+  def flip(self, axes: tuple[bool, ...]) -> UOp: return self._mop(Ops.FLIP, tuple(bool(x) for x in axes))
+
+  def reduce_axis(self, op: Ops, axes: tuple[int, ...]) -> UOp:
+    """REDUCE_AXIS over `axes` (kept as size 1). An empty `axes` is no reduction."""
+    shape = self.shape or ()
+    axes = tuple(sorted({a + len(shape) if a < 0 else a for a in axes}))
+    if any(not 0 <= a < len(shape) for a in axes):
+      from plugrad.uop.shape import ShapeError, fmt
+      raise ShapeError(f"reduce axes {axes} out of range for shape {fmt(shape)}")
+    return self if not axes else UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, axes))
+
   # ---- symbolic
   @staticmethod
   def variable(name: str, min_val: ConstType, max_val: ConstType, dtype: DType = dtypes.index) -> UOp:

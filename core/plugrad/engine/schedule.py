@@ -1,0 +1,279 @@
+"""The scheduler: a lazy tensor graph (stage 1) → kernel ASTs (stage 2) and copies, in dependency order.
+
+Which nodes get their own buffer (are *realized*):
+* the requested nodes, CONTIGUOUS, COPY (and the source it copies), ASSIGN;
+* a REDUCE_AXIS whose result is broadcast (reached through an EXPAND) or feeds another reduction, or that more than
+  one kernel would otherwise recompute.
+Everything else fuses into the kernel that consumes it: elementwise chains into their consumer, movement ops into
+index arithmetic (a view costs no copy), a reduction followed by elementwise ops into one kernel.
+
+A kernel is built by pushing index expressions down from its output: each output axis is a RANGE, each movement op
+rewrites the indices (RESHAPE by flattening and splitting, PAD with a validity gate, ...), each REDUCE_AXIS opens
+new REDUCE ranges, and a realized input becomes a LOAD at the flattened index.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugrad.codegen.lower import reduce_identity as _identity
+from plugrad.dtype import dtypes
+from plugrad.engine.buffers import new_buffer
+from plugrad.helpers import DEBUG, prod, recursion_limit
+from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, sint
+from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.spec import maybe_check
+from plugrad.uop.symbolic import symbolic
+
+
+class ScheduleError(ValueError):
+  """A tensor graph that cannot be turned into kernels (e.g. an ASSIGN to something that is not a buffer)."""
+
+
+@dataclass
+class ScheduleItem:
+  """One unit of work: a kernel (`ast` is a SINK) or a copy between devices (`ast` is the COPY). `bufs` are BUFFER
+  UOps in DEFINE_GLOBAL slot order (the output first); `var_vals` bind the kernel's symbolic variables."""
+  ast: UOp
+  bufs: tuple[UOp, ...]
+  device: str
+  var_vals: dict[str, int] = field(default_factory=dict)
+
+  @property
+  def kind(self) -> str: return "copy" if self.ast.op is Ops.COPY else "kernel"
+
+  @functools.cached_property
+  def program(self) -> Any:
+    """The PROGRAM UOp of a kernel (rendered for its device; not compiled), or None for a copy."""
+    if self.kind == "copy": return None
+    from plugrad.codegen import get_program
+    from plugrad.device.registry import Device
+    return get_program(self.ast, Device[self.device].renderer)
+
+  def __repr__(self) -> str:
+    name = self.ast.arg.name if self.kind == "kernel" else f"copy {self.bufs[1].src[1].arg} -> {self.bufs[0].src[1].arg}"
+    return f"<ScheduleItem {name} on {self.device}, {len(self.bufs)} buffers>"
+
+
+def _is_buffer_form(u: UOp) -> bool:
+  """A node whose value already sits contiguously in one buffer."""
+  return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
+
+def _buffer_uop(u: UOp) -> UOp: return u if u.op is Ops.BUFFER else u.src[0]
+
+
+def _strides(shape: tuple[sint, ...]) -> list[sint]:
+  out: list[sint] = []
+  acc: sint = 1
+  for d in reversed(shape):
+    out.append(acc)
+    acc = acc * d
+  return out[::-1]
+
+
+def _value_node(root: UOp) -> UOp | None:
+  """What a realized node's kernel computes (None: no kernel, e.g. a copy)."""
+  if root.op is Ops.COPY: return None
+  if root.op is Ops.CONTIGUOUS: return root.src[0]
+  if root.op is Ops.ASSIGN: return root.src[1]
+  return root
+
+
+def _find_realized(sink: UOp) -> dict[UOp, None]:
+  topo = sink.toposort
+  realize: dict[UOp, None] = {}
+  for t in sink.src:
+    if not _is_buffer_form(t): realize[t] = None
+  for u in topo:
+    if u.op in (Ops.COPY, Ops.ASSIGN): realize[u] = None
+    if u.op is Ops.COPY and not _is_buffer_form(u.src[0]): realize[u.src[0]] = None
+    if u.op is Ops.CONTIGUOUS and not _is_buffer_form(u.src[0]): realize[u] = None
+    if u.op is Ops.ASSIGN and not _is_buffer_form(u.src[0]):
+      raise ScheduleError(f"ASSIGN target must be a realized buffer (realize it first), got a {u.src[0].op.name} of shape {u.src[0].shape}")
+  while True:  # grow the set until no kernel would recompute or broadcast a reduction
+    users: dict[UOp, set[UOp]] = {}
+    grow: list[UOp] = []
+    for root in realize:
+      if (v := _value_node(root)) is None: continue
+      seen: set[tuple[UOp, bool]] = set()
+      stack = [(v, False)]
+      while stack:
+        u, spread = stack.pop()
+        if (u, spread) in seen or _is_buffer_form(u) or (u in realize and u is not root and u is not v): continue
+        seen.add((u, spread))
+        if u.op is Ops.REDUCE_AXIS:
+          if spread:
+            grow.append(u)
+            continue
+          users.setdefault(u, set()).add(root)
+          stack.append((u.src[0], True))
+          continue
+        for s in u.src: stack.append((s, spread or u.op is Ops.EXPAND))
+    grow += [r for r, roots in users.items() if len(roots) > 1]
+    if not (new := [g for g in grow if g not in realize]): return realize
+    for g in new: realize[g] = None
+
+
+class _Kernel:
+  """Builds one kernel AST by pushing index expressions from the output down to the loads."""
+
+  def __init__(self, realized: dict[UOp, UOp]):
+    self.realized = realized
+    self.globals: dict[UOp, UOp] = {}
+    self.ranges = itertools.count()
+    self.var_vals: dict[str, int] = {}
+    self.has_reduce = False
+    self.memo: dict[tuple[UOp, tuple[UOp, ...], UOp | None], UOp] = {}
+
+  def glob(self, buf: UOp) -> UOp:
+    if (g := self.globals.get(buf)) is None:
+      g = self.globals[buf] = UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg), (), len(self.globals))
+    return g
+
+  def load(self, buf: UOp, shape: tuple[sint, ...], idxs: tuple[UOp, ...], valid: UOp | None) -> UOp:
+    flat = sum((i * s for i, s in zip(idxs, _strides(shape))), UOp.const(dtypes.index, 0))
+    g = self.glob(buf)
+    return UOp(Ops.LOAD, buf.dtype, (UOp(Ops.INDEX, g.dtype, (g, flat) if valid is None else (g, flat, valid)),))
+
+  def value(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp | None) -> UOp:
+    """The value of tensor-graph node `u` at index `idxs` (one index expression per axis), loads gated by `valid`."""
+    if (ret := self.memo.get(key := (u, idxs, valid))) is None: ret = self.memo[key] = self._value(u, idxs, valid)
+    return ret
+
+  def _value(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp | None) -> UOp:
+    op = u.op
+    if u in self.realized: return self.load(_buffer_uop(self.realized[u]), u.shape, idxs, valid)
+    if op is Ops.BUFFER: return self.load(u, u.shape, idxs, valid)
+    if op is Ops.CONST: return UOp.const(u.dtype, u.arg)
+    if op is Ops.BIND:
+      var, val = u.unbind()
+      self.var_vals[var.arg[0]] = val
+      return var if var.dtype is u.dtype else var.cast(u.dtype)
+    if op is Ops.DEFINE_VAR: return u
+    if op in (Ops.CONTIGUOUS, Ops.DETACH): return self.value(u.src[0], idxs, valid)
+    src = u.src[0] if u.src else None
+    if op is Ops.RESHAPE:
+      assert src is not None
+      flat = sum((i * s for i, s in zip(idxs, _strides(u.shape))), UOp.const(dtypes.index, 0))
+      sshape = src.shape
+      new = tuple(UOp.const(dtypes.index, 0) if d == 1 else (flat // st) % d if j else flat // st
+                  for j, (d, st) in enumerate(zip(sshape, _strides(sshape))))
+      return self.value(src, tuple(x.simplify() for x in new), valid)
+    if op is Ops.PERMUTE:
+      assert src is not None
+      inv = [0] * len(u.arg)
+      for i, p in enumerate(u.arg): inv[p] = i
+      return self.value(src, tuple(idxs[inv[j]] for j in range(len(u.arg))), valid)
+    if op is Ops.EXPAND:
+      assert src is not None
+      return self.value(src, tuple(UOp.const(dtypes.index, 0) if s == 1 and d != 1 else i for i, s, d in zip(idxs, src.shape, u.shape)), valid)
+    if op is Ops.SHRINK:
+      assert src is not None
+      return self.value(src, tuple(i + b if not (isinstance(b, int) and b == 0) else i for i, (b, _) in zip(idxs, u.arg)), valid)
+    if op is Ops.FLIP:
+      assert src is not None
+      return self.value(src, tuple((d - 1 - i) if f else i for i, f, d in zip(idxs, u.arg, src.shape)), valid)
+    if op is Ops.PAD:
+      assert src is not None
+      conds = [((i >= b) & (i < b + d)) if not (isinstance(b, int) and b == 0 and isinstance(a, int) and a == 0) else None
+               for i, (b, a), d in zip(idxs, u.arg, src.shape)]
+      ok = functools.reduce(lambda x, y: x & y, [c for c in conds if c is not None]).simplify()
+      inner = self.value(src, tuple((i - b) if c is not None else i for i, (b, _), c in zip(idxs, u.arg, conds)), ok if valid is None else valid & ok)
+      return ok.where(inner, inner.const_like(0))
+    if op is Ops.REDUCE_AXIS:
+      assert src is not None
+      self.has_reduce = True
+      rop, axes = u.arg
+      if any(isinstance(src.shape[a], int) and src.shape[a] == 0 for a in axes): return UOp.const(u.dtype, _identity(rop, u.dtype))
+      rngs = {a: UOp.range(src.shape[a], next(self.ranges), AxisType.REDUCE) for a in axes if src.shape[a] != 1}
+      inner = self.value(src, tuple(rngs.get(a, UOp.const(dtypes.index, 0)) if a in axes else i for a, i in enumerate(idxs)), valid)
+      return UOp(Ops.REDUCE, u.dtype, (inner, *rngs.values()), rop) if rngs else inner
+    if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+      return UOp(op, u.dtype, tuple(self.value(s, idxs, valid) for s in u.src), u.arg)
+    raise ScheduleError(f"cannot put a {op.name} into a kernel (shape {u.shape})")
+
+
+def _kernel_name(shape: tuple[sint, ...], has_reduce: bool) -> str:
+  dims = "_".join(str(d) if isinstance(d, int) else d.render() for d in shape) or "1"
+  return f"{'r' if has_reduce else 'E'}_{''.join(c if c.isalnum() else '_' for c in dims)}"
+
+
+def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...], dict[str, int]]:
+  k = _Kernel(realized)
+  value = _value_node(root)
+  assert value is not None
+  shape = root.shape
+  out_g = k.glob(out)
+  ranges = [UOp.range(d, next(k.ranges), AxisType.LOOP) if d != 1 else None for d in shape]
+  idxs = tuple(r if r is not None else UOp.const(dtypes.index, 0) for r in ranges)
+  with recursion_limit(20000): val = k.value(value, idxs, None)
+  if val.dtype is not out.dtype: val = val.cast(out.dtype)
+  flat = sum((i * s for i, s in zip(idxs, _strides(shape))), UOp.const(dtypes.index, 0))
+  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_g.dtype, (out_g, flat)), val))
+  live = [r for r in ranges if r is not None]
+  ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.END, dtypes.void, (store, *live)) if live else store,), KernelInfo(_kernel_name(shape, k.has_reduce)))
+  ast = graph_rewrite(ast, symbolic, name="index simplification")
+  maybe_check("kernel", ast)
+  return ast, tuple(k.globals), k.var_vals
+
+
+def _aliased_reads(ast: UOp, out_slot: int = 0) -> bool:
+  """Does the kernel read its output buffer at an index other than the one it writes (then it must not run in place)?"""
+  stores = [u for u in ast.toposort if u.op is Ops.STORE]
+  written = {s.src[0].src[1] for s in stores}
+  return any(u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg == out_slot and u.src[1] not in written
+             and u not in {s.src[0] for s in stores} for u in ast.toposort)
+
+
+def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+  """Kernels and copies that compute `targets`, in the order to run them, and each realized node's replacement (its
+  buffer, reshaped to its shape)."""
+  if not targets: return [], {}
+  for t in targets:
+    if not isinstance(t, UOp) or t.shape is None: raise ScheduleError(f"create_schedule needs tensor-graph UOps with a shape, got {t!r:.80}")
+  sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+  maybe_check("tensor", sink)
+  realize = _find_realized(sink)
+  realized: dict[UOp, UOp] = {}
+  items: list[ScheduleItem] = []
+  for u in sink.toposort:
+    if u in realize: _schedule_one(u, realized, items)
+  becomes = {u: realized[u] for u in realize}
+  for t in targets:
+    if t.op is Ops.CONTIGUOUS and _is_buffer_form(t.src[0]): becomes[t] = t.src[0]
+  if DEBUG >= 3:
+    for it in items: print(f"scheduled {it!r}")
+  return items, becomes
+
+
+def _schedule_one(u: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem]) -> None:
+  shape, device = u.shape, u.tensor_device
+  assert shape is not None
+  if u.op is Ops.COPY:
+    src = realized.get(u.src[0], u.src[0])
+    out = new_buffer(u.src[1].arg, int(prod(shape)), u.dtype)
+    items.append(ScheduleItem(u, (out, _buffer_uop(src)), u.src[1].arg))
+    realized[u] = out.reshape(shape)
+    return
+  size = prod(shape)
+  out = _buffer_uop(u.src[0]) if u.op is Ops.ASSIGN else new_buffer(device, size if isinstance(size, int) else _max_size(size), u.dtype)
+  result = u.src[0] if u.op is Ops.ASSIGN else out.reshape(shape)
+  if isinstance(size, int) and size == 0:  # nothing to compute
+    realized[u] = result
+    return
+  ast, bufs, var_vals = _build_kernel(u, out, realized)
+  if u.op is Ops.ASSIGN and _aliased_reads(ast):
+    # the value reads the target at other positions: compute it into a temporary first, then copy it in
+    tmp = UOp(Ops.CONTIGUOUS, u.dtype, (u.src[1],))
+    _schedule_one(tmp, realized, items)
+    ast, bufs, var_vals = _build_kernel(u.replace(src=(u.src[0], tmp)), out, realized)
+  items.append(ScheduleItem(ast, bufs, device, var_vals))
+  realized[u] = result
+
+
+def _max_size(size: UOp) -> int:
+  """The largest element count a symbolic size can take (buffers are allocated for it)."""
+  return int(size.simplify().vmax)
