@@ -33,6 +33,7 @@ def _ranges_of(topo: dict[UOp, None]) -> dict[UOp, Block]:
 def linearize(sink: UOp) -> list[UOp]:
   topo = sink.toposort
   rs = _ranges_of(topo)
+  if rs[sink]: raise LinearizeError(f"ranges {sorted(r.arg[0] for r in rs[sink])} are used but never closed by an END")
   ends = [u for u in topo if u.op is Ops.END]
   inner = {e: rs[e] | {e.src[1]} for e in ends}
   blocks: list[Block] = [frozenset(), *inner.values()]

@@ -1,0 +1,88 @@
+"""Kernel counts of canonical graphs: what fuses, what is realized, and what is reused."""
+import numpy as np
+import pytest
+
+from plugrad import Tensor
+from plugrad.engine.schedule import ScheduleError, create_schedule
+from plugrad.uop.ops import Ops, UOp
+
+DEV = "PYTHON"
+
+
+def t(*shape, seed=0):
+  return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), device=DEV)
+
+
+def kernels(*ts: Tensor) -> int:
+  return sum(1 for it in ts[0].schedule(*ts[1:]) if it.kind == "kernel")
+
+
+def test_elementwise_chain_is_one_kernel():
+  a, b, c = t(4, 5), t(4, 5, seed=1), t(4, 5, seed=2)
+  assert kernels((a * b + c).relu()) == 1
+
+
+def test_reduce_after_elementwise_is_one_kernel():
+  a, b, c = t(4, 5), t(4, 5, seed=1), t(4, 5, seed=2)
+  out = (a * b + c).relu().sum()
+  assert kernels(out) == 1
+  np.testing.assert_allclose(out.item(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0).sum(), rtol=1e-5)
+
+
+def test_two_reductions_of_one_input():
+  x = t(6, 7)
+  assert kernels(x.sum(1), x.max(1)) == 2
+  assert kernels(x.sum(1) + x.max(1)) == 1  # siblings in one kernel, two loops
+
+
+def test_matmul_bias_relu_is_one_kernel():
+  x, w, b = t(4, 8), t(8, 3, seed=1), t(3, seed=2)
+  out = (x @ w + b).relu()
+  assert kernels(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy() + b.numpy(), 0), rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_realizes_the_broadcast_reductions():
+  x = t(3, 10)
+  assert kernels(x.softmax(-1)) == 3  # max, sum of exp, the normalization
+
+
+def test_conv_relu_is_one_kernel():
+  x, w = t(1, 2, 6, 6), t(3, 2, 3, 3, seed=1)
+  assert kernels(x.conv2d(w, padding=1).relu()) == 1
+
+
+def test_view_chain_costs_no_copy():
+  x = t(2, 3, 4)
+  v = x.permute(2, 0, 1).reshape(4, 6)[1:3].flip(0)
+  assert kernels(v + 1) == 1
+  np.testing.assert_allclose((v + 1).numpy(), x.numpy().transpose(2, 0, 1).reshape(4, 6)[1:3][::-1] + 1)
+
+
+def test_expensive_producer_is_not_recomputed():
+  x = t(5, 6)
+  s = x.sum(1, keepdim=True)
+  a, b = x * s, x + s  # both broadcast the reduction: it is computed once
+  items = a.schedule(b)
+  assert sum(1 for it in items if it.kind == "kernel") == 3
+  assert sum(1 for it in items for u in it.ast.toposort if u.op is Ops.REDUCE) == 1
+
+
+def test_realized_buffers_are_reused():
+  x = t(4, 4)
+  y = (x * 2).realize()
+  assert kernels(y + 1) == 1 and kernels(y) == 0
+  z = x * 2 + 1
+  z.realize()
+  assert kernels(z) == 0
+
+
+def test_contiguous_of_a_buffer_is_free():
+  x = t(3, 3)
+  assert kernels(x.contiguous()) == 0
+  assert kernels(x.T.contiguous()) == 1
+
+
+def test_assign_target_must_be_a_buffer():
+  x = t(3, 3)
+  with pytest.raises(ScheduleError, match="ASSIGN target"): create_schedule(UOp(Ops.ASSIGN, x.dtype, ((x.uop + x.uop), x.uop)))
