@@ -163,8 +163,8 @@ def test_dev_selects_it_and_the_smoke_kernel_passes(venv_python: pathlib.Path):
     assert by["PYTHON"]["smoke"] == "PASS"
   text = _run(venv_python, "-m", "plugrad", "devices", "THIRDPY", DEV="PYTHON")
   assert text.returncode == 0 and "THIRDPY " in text.stdout and "PASS" in text.stdout and "default device: PYTHON (DEV=PYTHON)" in text.stdout
-  # without DEV its priority (7) beats PYTHON's (0) and MYDEV's (5)
-  assert json.loads(_run(venv_python, "-m", "plugrad", "devices", "--json", "NULL").stdout)["default"] == "THIRDPY"
+  # without DEV its priority (7) beats PYTHON's (0) (the allowlist keeps out plugins this machine may have, like plugrad-cpu)
+  assert json.loads(_run(venv_python, "-m", "plugrad", "devices", "--json", "NULL", PLUGRAD_PLUGINS="thirdpy").stdout)["default"] == "THIRDPY"
 
 
 def test_broken_plugin_leaves_everything_else_working(venv_python: pathlib.Path):

@@ -52,13 +52,20 @@ def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
 def lower_reduces(ast: UOp) -> UOp:
   """REDUCE(value, *ranges) → an accumulator: `acc = identity` before the loops, `acc = acc op value` inside them,
   and a read of `acc` after the loops end. Extra sources on the STORE/LOAD pin where the linearizer places them."""
-  reduces = [u for u in ast.toposort if u.op is Ops.REDUCE]
+  topo = ast.toposort
+  reduces = [u for u in topo if u.op is Ops.REDUCE]
   if not reduces: return ast
+  # the loops around each node: the accumulator is reset once per iteration of all of them, even those its value
+  # does not depend on (it is one register, not an array over the loops it could be hoisted out of)
+  around: dict[UOp, frozenset[UOp]] = {ast: frozenset()}
+  for u in reversed(topo):
+    inside = around.get(u, frozenset()) | (frozenset(u.src[1:]) if u.op in (Ops.END, Ops.REDUCE) else frozenset())
+    for i, s in enumerate(u.src): around[s] = around.get(s, frozenset()) | (inside if i == 0 else around.get(u, frozenset()))
   ids = itertools.count()
   sub: dict[UOp, UOp] = {}
   for red in reduces:  # sources first, so an inner reduction is already replaced when an outer one is built
     value, own = red.src[0].substitute(sub), red.src[1:]
-    context = tuple(r for r in value.toposort if r.op is Ops.RANGE and r not in own)
+    context = tuple(sorted(around[red] | {r for r in value.toposort if r.op is Ops.RANGE and r not in own}, key=lambda r: r.arg[0]))
     acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1, AddrSpace.REG), (), next(ids))
     idx = UOp(Ops.INDEX, acc.dtype, (acc, UOp.const(dtypes.index, 0)))
     init = UOp(Ops.STORE, dtypes.void, (idx, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *context))

@@ -79,3 +79,10 @@ def plugrad_dev(plugrad_device: str) -> Any:
 def conformance_builder(conformance_kernel: str, plugrad_dev: Any) -> Any:
   from plugrad.testing.kernels import device_kernels, suite
   return {**suite(), **device_kernels(plugrad_dev.renderer)}[conformance_kernel]
+
+
+@pytest.fixture
+def run_device(plugrad_dev: Any) -> str:
+  """The device under test for tests that compute (tensor-level tests); skips on devices that do not run kernels."""
+  if "run" not in plugrad_dev.runtime.capabilities: pytest.skip(f"{plugrad_dev.name} does not run kernels (no 'run' capability)")
+  return plugrad_dev.name
