@@ -293,6 +293,10 @@ def _fold_divmod(x: UOp, n: UOp, c: UOp) -> UOp | None:
     if g == cv: return _c(dt, 0)
     inner = _fold_divmod(m2 := UOp(_MOD, dt, (n2, _c(dt, cv // g))), n2, m2.src[1])
     if inner is not None and _tsize(inner) + 2 <= _tsize(x): return UOp(_MUL, dt, (inner, _c(dt, g)))
+  # n % c == n' % c when n' keeps every coefficient modulo c and n, n' are never negative (e.g. (a*2 + b*9) % 8 → (a*2 + b) % 8)
+  if is_mod and cv > 0 and lo >= 0 and (any(k % cv != k for k in coeffs.values()) or k0 % cv != k0):
+    kept = [(b, k % cv) for b, k in coeffs.items() if k % cv]
+    if _term_bounds(kept, k0 % cv)[0] >= 0 and _exact(rem := _sum(dt, kept, k0 % cv)): return UOp(_MOD, dt, (rem, c))
   # n = q*c + r: n // c == q + r // c and n % c == r % c when r and n never have opposite signs (or r is always 0)
   quot = {b: k // cv for b, k in coeffs.items() if k % cv == 0}
   if quot:
