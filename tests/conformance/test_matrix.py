@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-CASES = [("PYTHON", None), ("NULL", None), ("PYTHON", "CUDA"), ("PYTHON", "METAL"), ("PYTHON", "AMD")]
+CASES = [("PYTHON", None), ("NULL", None), ("PYTHON", "CUDA"), ("PYTHON", "METAL"), ("PYTHON", "AMD"), ("CPU", None)]
 
 
 @pytest.mark.parametrize("device, emulate", CASES, ids=[d + (f"-EMULATE={e}" if e else "") for d, e in CASES])

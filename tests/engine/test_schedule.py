@@ -86,3 +86,17 @@ def test_contiguous_of_a_buffer_is_free():
 def test_assign_target_must_be_a_buffer():
   x = t(3, 3)
   with pytest.raises(ScheduleError, match="ASSIGN target"): create_schedule(UOp(Ops.ASSIGN, x.dtype, ((x.uop + x.uop), x.uop)))
+
+
+def test_reader_of_the_old_value_runs_before_the_assign():
+  w = Tensor(np.arange(4, dtype=np.float32), device=DEV).realize()
+  old_plus = w.uop + w.uop  # reads w's buffer as it is now
+  new = UOp(Ops.ASSIGN, w.dtype, (w.uop, w.uop * UOp.const(w.dtype, 10.0).reshape((1,)).expand((4,))))
+  items, becomes = create_schedule(new, old_plus)
+  assert [it.in_place for it in items] == [False, True]
+  from plugrad.engine.buffers import buffer_of
+  from plugrad.engine.realize import run_schedule
+  run_schedule(items)
+  def buf(u): return buffer_of(u if u.op is Ops.BUFFER else u.src[0])
+  np.testing.assert_allclose(buf(becomes[old_plus]).numpy(), np.arange(4) * 2)
+  np.testing.assert_allclose(buf(w.uop).numpy(), np.arange(4) * 10)

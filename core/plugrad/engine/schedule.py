@@ -40,6 +40,8 @@ class ScheduleItem:
   bufs: tuple[UOp, ...]
   device: str
   var_vals: dict[str, int] = field(default_factory=dict)
+  reads_before: frozenset[UOp] = frozenset()  # buffers read as they were before this schedule (leaves)
+  in_place: bool = False  # an ASSIGN: writes its target buffer
 
   @property
   def kind(self) -> str: return "copy" if self.ast.op is Ops.COPY else "kernel"
@@ -126,6 +128,7 @@ class _Kernel:
     self.ranges = itertools.count()
     self.var_vals: dict[str, int] = {}
     self.has_reduce = False
+    self.leaf_reads: set[UOp] = set()
     self.memo: dict[tuple[UOp, tuple[UOp, ...], UOp | None], UOp] = {}
 
   def glob(self, buf: UOp) -> UOp:
@@ -146,7 +149,9 @@ class _Kernel:
   def _value(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp | None) -> UOp:
     op = u.op
     if u in self.realized: return self.load(_buffer_uop(self.realized[u]), u.shape, idxs, valid)
-    if op is Ops.BUFFER: return self.load(u, u.shape, idxs, valid)
+    if op is Ops.BUFFER:
+      self.leaf_reads.add(u)
+      return self.load(u, u.shape, idxs, valid)
     if op is Ops.CONST: return UOp.const(u.dtype, u.arg)
     if op is Ops.BIND:
       var, val = u.unbind()
@@ -201,7 +206,7 @@ def _kernel_name(shape: tuple[sint, ...], has_reduce: bool) -> str:
   return f"{'r' if has_reduce else 'E'}_{''.join(c if c.isalnum() else '_' for c in dims)}"
 
 
-def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...], dict[str, int]]:
+def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...], dict[str, int], frozenset[UOp]]:
   k = _Kernel(realized)
   value = _value_node(root)
   assert value is not None
@@ -217,7 +222,7 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.END, dtypes.void, (store, *live)) if live else store,), KernelInfo(_kernel_name(shape, k.has_reduce)))
   ast = graph_rewrite(ast, symbolic, name="index simplification")
   maybe_check("kernel", ast)
-  return ast, tuple(k.globals), k.var_vals
+  return ast, tuple(k.globals), k.var_vals, frozenset(k.leaf_reads - {out})
 
 
 def _aliased_reads(ast: UOp, out_slot: int = 0) -> bool:
@@ -241,6 +246,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   items: list[ScheduleItem] = []
   for u in sink.toposort:
     if u in realize: _schedule_one(u, realized, items)
+  items = _order(items)
   becomes = {u: realized[u] for u in realize}
   for t in targets:
     if t.op is Ops.CONTIGUOUS and _is_buffer_form(t.src[0]): becomes[t] = t.src[0]
@@ -264,14 +270,36 @@ def _schedule_one(u: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem]) -
   if isinstance(size, int) and size == 0:  # nothing to compute
     realized[u] = result
     return
-  ast, bufs, var_vals = _build_kernel(u, out, realized)
+  ast, bufs, var_vals, old = _build_kernel(u, out, realized)
   if u.op is Ops.ASSIGN and _aliased_reads(ast):
     # the value reads the target at other positions: compute it into a temporary first, then copy it in
     tmp = UOp(Ops.CONTIGUOUS, u.dtype, (u.src[1],))
     _schedule_one(tmp, realized, items)
-    ast, bufs, var_vals = _build_kernel(u.replace(src=(u.src[0], tmp)), out, realized)
-  items.append(ScheduleItem(ast, bufs, device, var_vals))
+    ast, bufs, var_vals, old = _build_kernel(u.replace(src=(u.src[0], tmp)), out, realized)
+  items.append(ScheduleItem(ast, bufs, device, var_vals, old, u.op is Ops.ASSIGN))
   realized[u] = result
+
+
+def _order(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """The graph order, except that a kernel reading a buffer's old contents runs before the ASSIGN that overwrites it."""
+  before: list[set[int]] = [set() for _ in items]  # before[j]: items that must run before j
+  last_writer: dict[UOp, int] = {}
+  for j, it in enumerate(items):
+    for b in it.bufs[1:]:
+      if b not in it.reads_before and b in last_writer: before[j].add(last_writer[b])
+    if it.in_place and it.bufs[0] in last_writer: before[j].add(last_writer[it.bufs[0]])
+    last_writer[it.bufs[0]] = j
+  for j, it in enumerate(items):
+    for i, other in enumerate(items):
+      if other.in_place and other.bufs[0] in it.reads_before and i != j: before[i].add(j)
+  order: list[int] = []
+  done: set[int] = set()
+  while len(order) < len(items):
+    ready = [j for j in range(len(items)) if j not in done and before[j] <= done]
+    if not ready: raise ScheduleError("a kernel reads both the old and the new contents of an assigned buffer; realize the old value first")
+    order.append(ready[0])
+    done.add(ready[0])
+  return [items[j] for j in order]
 
 
 def _max_size(size: UOp) -> int:

@@ -51,6 +51,9 @@ def _node_shape(u: UOp) -> Shape | None:
 def shape_of(root: UOp) -> Shape | None:
   """The shape of a tensor-graph UOp (None for nodes without one: DEVICE, SINK, ...). Cached on each node."""
   if "_shape" in root.__dict__: return root.__dict__["_shape"]
+  if all("_shape" in s.__dict__ for s in root.src):  # the common case: a new node on known ones (no graph walk)
+    root.__dict__["_shape"] = _node_shape(root)
+    return root.__dict__["_shape"]
   for u in root.toposort:
     if "_shape" not in u.__dict__: u.__dict__["_shape"] = _node_shape(u)
   return root.__dict__["_shape"]
@@ -59,7 +62,8 @@ def shape_of(root: UOp) -> Shape | None:
 def device_of(root: UOp) -> Any:
   """The device a tensor-graph UOp lives on: from its BUFFER, DEVICE-sourced CONST or COPY (None if it has none)."""
   if "_device" in root.__dict__: return root.__dict__["_device"]
-  for u in root.toposort:
+  nodes = [root] if all("_device" in s.__dict__ for s in root.src) else root.toposort
+  for u in nodes:
     if "_device" in u.__dict__: continue
     if u.op is Ops.DEVICE: d = u.arg
     elif u.op is Ops.BUFFER: d = u.src[1].arg

@@ -1,0 +1,146 @@
+"""Reverse-mode differentiation of the tensor graph (stage 1).
+
+`compute_gradient(root, root_grad, targets)` walks the graph from `root` back to `targets` and applies one local
+derivative rule per op (the table `RULES`). The rules build ordinary tensor-graph UOps, so gradients are lazy like
+everything else and fuse into the kernels that use them. Only floating-point values carry gradients: integer and bool
+nodes (comparisons, indices, masks) end the walk.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from plugrad.dtype import dtypes, sum_acc_dtype
+from plugrad.helpers import argsort
+from plugrad.uop.ops import Ops, UOp
+
+Grads = tuple[UOp | None, ...]
+
+
+class GradientError(ValueError):
+  """A gradient that cannot be computed: a non-scalar root without a seed, a target off the graph, an op without a rule."""
+
+
+def _const(like: UOp, value: Any) -> UOp:
+  """`value` with the dtype, shape and device of `like` (a CONST expanded: nothing is stored)."""
+  dev, shape = like.tensor_device, like.shape or ()
+  c = UOp(Ops.CONST, like.dtype, (UOp(Ops.DEVICE, dtypes.void, (), dev),) if dev is not None else (), dtypes.as_const(value, like.dtype))
+  return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+
+
+def _neg(x: UOp) -> UOp: return x.alu(Ops.NEG)
+def _where(c: UOp, t: UOp, f: UOp) -> UOp: return c.alu(Ops.WHERE, t, f)
+def _log(x: UOp) -> UOp: return x.alu(Ops.LOG2).alu(Ops.MUL, _const(x, math.log(2)))
+def _not(b: UOp) -> UOp: return b.alu(Ops.CMPNE, _const(b, True))
+
+
+def _sum_to(g: UOp, axes: tuple[int, ...]) -> UOp:
+  """Sum over `axes` (kept as size 1), accumulating half-precision floats in float32."""
+  acc = sum_acc_dtype(g.dtype)
+  return g.cast(acc).reduce_axis(Ops.ADD, axes).cast(g.dtype)
+
+
+def _max_grad(ret: UOp, g: UOp) -> Grads:
+  # ties share the gradient equally, so d(max(x, x))/dx is 1
+  a, b = ret.src
+  half = g.alu(Ops.MUL, _const(g, 0.5))
+  zero = _const(g, 0.0)
+  tie = a.alu(Ops.CMPEQ, b)
+  return (_where(b.alu(Ops.CMPLT, a), g, _where(tie, half, zero)), _where(a.alu(Ops.CMPLT, b), g, _where(tie, half, zero)))
+
+
+def _pow_grad(ret: UOp, g: UOp) -> Grads:
+  a, b = ret.src
+  zero = _const(a, 0.0)
+  # d/da = b * a^(b-1), which is 0 when b == 0 (even where a^(b-1) is inf); d/db = a^b * ln a, taken as 0 at a == 0, b >= 0
+  da = _where(b.alu(Ops.CMPEQ, zero), zero, b.alu(Ops.MUL, a.alu(Ops.POW, b.alu(Ops.SUB, _const(b, 1.0)))))
+  db = _where(a.alu(Ops.CMPEQ, zero).alu(Ops.AND, _not(b.alu(Ops.CMPLT, zero))), zero, ret.alu(Ops.MUL, _log(a)))
+  return (g.alu(Ops.MUL, da), g.alu(Ops.MUL, db))
+
+
+def _reduce_grad(ret: UOp, g: UOp) -> Grads:
+  (x,) = ret.src
+  op, axes = ret.arg
+  shape = x.shape
+  assert shape is not None
+  if op is Ops.ADD: return (g.expand(shape),)
+  if op is Ops.MAX:
+    # the gradient goes to the elements equal to the max, shared equally among ties
+    hit = x.alu(Ops.CMPEQ, ret.expand(shape)).cast(x.dtype)
+    share = g.alu(Ops.FDIV, _sum_to(hit, axes))
+    return (hit.alu(Ops.MUL, share.expand(shape)),)
+  # MUL: d/dx_i = product of the other elements, computed without dividing by zero
+  zero, one = _const(x, 0.0), _const(x, 1.0)
+  is_zero = x.alu(Ops.CMPEQ, zero)
+  nonzero = _where(is_zero, one, x)
+  prod_nz = nonzero.reduce_axis(Ops.MUL, axes).expand(shape)
+  zeros_elsewhere = _sum_to(is_zero.cast(x.dtype), axes).expand(shape).alu(Ops.SUB, is_zero.cast(x.dtype))
+  others = _where(is_zero, prod_nz, prod_nz.alu(Ops.FDIV, nonzero))
+  return (_where(zeros_elsewhere.alu(Ops.CMPEQ, zero), others, zero).alu(Ops.MUL, g.expand(shape)),)
+
+
+def _expand_grad(ret: UOp, g: UOp) -> Grads:
+  src_shape, out_shape = ret.src[0].shape, ret.shape
+  assert src_shape is not None and out_shape is not None
+  return (_sum_to(g, tuple(i for i, (s, o) in enumerate(zip(src_shape, out_shape)) if s != o)),)
+
+
+def _shape(u: UOp) -> tuple:
+  assert u.shape is not None
+  return u.shape
+
+
+RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
+  Ops.ADD: lambda r, g: (g, g),
+  Ops.SUB: lambda r, g: (g, _neg(g)),
+  Ops.MUL: lambda r, g: (g.alu(Ops.MUL, r.src[1]), g.alu(Ops.MUL, r.src[0])),
+  Ops.FDIV: lambda r, g: (gb := g.alu(Ops.FDIV, r.src[1]), _neg(gb.alu(Ops.MUL, r))),
+  Ops.NEG: lambda r, g: (_neg(g),),
+  Ops.RECIPROCAL: lambda r, g: (_neg(g.alu(Ops.MUL, r.alu(Ops.MUL, r))),),
+  Ops.SQRT: lambda r, g: (g.alu(Ops.FDIV, r.alu(Ops.MUL, _const(r, 2.0))),),
+  Ops.EXP2: lambda r, g: (g.alu(Ops.MUL, r.alu(Ops.MUL, _const(r, math.log(2)))),),
+  Ops.LOG2: lambda r, g: (g.alu(Ops.FDIV, r.src[0].alu(Ops.MUL, _const(r, math.log(2)))),),
+  Ops.SIN: lambda r, g: (g.alu(Ops.MUL, _const(r, math.pi / 2).alu(Ops.SUB, r.src[0]).alu(Ops.SIN)),),
+  Ops.TRUNC: lambda r, g: (_const(g, 0.0),),
+  Ops.MAX: _max_grad,
+  Ops.POW: _pow_grad,
+  Ops.WHERE: lambda r, g: (None, _where(r.src[0], g, _const(g, 0.0)), _where(r.src[0], _const(g, 0.0), g)),
+  Ops.MULACC: lambda r, g: (g.alu(Ops.MUL, r.src[1]), g.alu(Ops.MUL, r.src[0]), g),
+  Ops.CAST: lambda r, g: (g.cast(r.src[0].dtype) if dtypes.is_float(r.src[0].dtype) else None,),
+  Ops.BITCAST: lambda r, g: (None,),
+  Ops.RESHAPE: lambda r, g: (g.reshape(_shape(r.src[0])),),
+  Ops.EXPAND: _expand_grad,
+  Ops.PERMUTE: lambda r, g: (g.permute(tuple(argsort(r.arg))),),
+  Ops.PAD: lambda r, g: (g.shrink(tuple((b, b + s) for (b, _), s in zip(r.arg, _shape(r.src[0])))),),
+  Ops.SHRINK: lambda r, g: (g.pad(tuple((b, s - e) for (b, e), s in zip(r.arg, _shape(r.src[0])))),),
+  Ops.FLIP: lambda r, g: (g.flip(r.arg),),
+  Ops.REDUCE_AXIS: _reduce_grad,
+  Ops.CONTIGUOUS: lambda r, g: (g,),
+  Ops.DETACH: lambda r, g: (None,),
+  Ops.COPY: lambda r, g: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), r.src[0].tensor_device))), None),
+  Ops.ASSIGN: lambda r, g: (None, g),  # the result holds the assigned value
+}
+# ops whose results are not differentiable (integers, bools, random bits): the walk stops there
+NO_GRAD = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.THREEFRY})
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[UOp, UOp]:
+  """d(root)/d(target) for each target reached from `root`, seeded with `root_grad` (same shape as root). Targets that
+  `root` does not depend on (or only through DETACH or integer ops) are absent from the result."""
+  if root.shape != root_grad.shape: raise GradientError(f"the gradient seed has shape {root_grad.shape}, but the root has shape {root.shape}")
+  wanted = set(targets)
+  topo = root.toposort
+  # the nodes on a differentiable path from a target up to the root
+  on_path: set[UOp] = set()
+  for u in topo:
+    if u in wanted or (dtypes.is_float(u.dtype) and u.op is not Ops.DETACH and u.op not in NO_GRAD and any(s in on_path for s in u.src)):
+      on_path.add(u)
+  grads: dict[UOp, UOp] = {root: root_grad}
+  for u in reversed(topo):
+    if (g := grads.get(u)) is None or u not in on_path or not any(s in on_path for s in u.src): continue
+    if (rule := RULES.get(u.op)) is None: raise GradientError(f"no derivative rule for {u.op.name} (dtype {u.dtype}, shape {u.shape})")
+    for s, sg in zip(u.src, rule(u, g)):
+      if sg is None or s not in on_path: continue
+      grads[s] = grads[s].alu(Ops.ADD, sg) if s in grads else sg
+  return {t: grads[t] for t in wanted if t in grads}

@@ -1,0 +1,150 @@
+"""Tensor constructors: from Python or numpy data, constants, ranges and grids. Constants and ranges are built in the
+graph (a CONST broadcast, an index ramp), so they cost no host data; only `Tensor(data)` uploads memory."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from plugrad.helpers import prod
+from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
+from plugrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+
+def canonical_device(device: str | None) -> str:
+  from plugrad.device.registry import Device
+  if device is not None and not isinstance(device, str): raise TypeError(f"device must be a device name str or None, got {type(device).__name__}")
+  return Device.canonicalize(device) if device is not None else Device.DEFAULT
+
+
+def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:
+  """The tensor-graph UOp holding `data`: an uploaded BUFFER of its own. (Not a CONST for Python scalars: equal constants
+  are one hash-consed node, so a scalar parameter would share its identity, and its gradient, with every equal constant.)"""
+  from plugrad.engine.buffers import from_numpy
+  if isinstance(data, np.generic): data = np.asarray(data)
+  if isinstance(data, (bool, int, float)):
+    dt = dtype or dtypes.from_py(data)
+    if isinstance(data, int) and dtypes.is_int(dt) and not dtypes.min(dt) <= data <= dtypes.max(dt):
+      raise ValueError(f"Tensor({data}) does not fit in {dt} (range {dtypes.min(dt)}..{dtypes.max(dt)}); pass dtype=")
+    u = from_numpy(np.array(data, np.float32 if dt is dtypes.bfloat16 else dtypes.to_numpy(dt)), device)
+    return u.cast(dt) if u.dtype is not dt else u
+  if data is None: data = np.zeros((0,), dtypes.to_numpy(dtype or dtypes.default_float) if dtype is not dtypes.bfloat16 else np.float32)
+  if isinstance(data, bytes): data = np.frombuffer(data, np.uint8)
+  if isinstance(data, (list, tuple)):
+    content = dtypes.from_py(data)  # also rejects anything that is not a number or a bool
+    dt = dtype or content
+    try: arr = np.array(data, dtype=np.float32 if dt is dtypes.bfloat16 else dtypes.to_numpy(dt))
+    except OverflowError as e: raise ValueError(f"Tensor data does not fit in {dt} ({e}); pass a wider dtype") from None
+    except ValueError as e: raise ValueError(f"Tensor data must be a rectangular nested list ({e})") from None
+    u = from_numpy(arr, device)
+    return u.cast(dt) if u.dtype is not dt else u
+  if isinstance(data, np.ndarray):
+    if data.dtype.kind not in "biuf" or data.dtype.itemsize > 8:
+      raise TypeError(f"Tensor from a numpy array of dtype {data.dtype}: only bool, int, uint and float arrays (up to 64 bits) are supported")
+    if dtype is not None and dtype is not dtypes.bfloat16 and dtypes.from_numpy(data.dtype) is not dtype: data = data.astype(dtypes.to_numpy(dtype))
+    u = from_numpy(data, device)
+    return u.cast(dtype) if dtype is not None and u.dtype is not dtype else u
+  raise TypeError(f"cannot make a Tensor from a {type(data).__name__}; pass a Python scalar, a (nested) list or tuple, a numpy array, bytes or a UOp")
+
+
+def _finish(t: Tensor, requires_grad: bool | None) -> Tensor:
+  t.requires_grad = requires_grad
+  return t
+
+
+def full(cls: type[Tensor], shape: Any, fill_value: Any, dtype: DTypeLike | None = None, device: str | None = None, buffer: bool = True,
+         requires_grad: bool | None = None) -> Tensor:
+  """`shape` filled with `fill_value`. With `buffer` (the default) it gets its own memory, so in-place updates of one
+  filled tensor never reach another; `buffer=False` gives a broadcast constant that costs nothing."""
+  from plugrad.engine.buffers import new_buffer
+  shape = check_shape(argfix(shape) if isinstance(shape, (tuple, list)) else (shape,), "full")
+  dt = to_dtype(dtype) if dtype is not None else fill_value.dtype if isinstance(fill_value, UOp) else dtypes.from_py(fill_value)
+  dev = canonical_device(device)
+  val = const_uop(fill_value, dt, dev, shape)
+  if buffer and prod(shape): val = UOp(Ops.ASSIGN, dt, (new_buffer(dev, prod(shape), dt).reshape(shape), val))
+  return _finish(cls._wrap(val), requires_grad)
+
+
+def full_like(self: Tensor, fill_value: Any, dtype: DTypeLike | None = None, device: str | None = None, buffer: bool = True,
+              requires_grad: bool | None = None) -> Tensor:
+  return type(self).full(self.shape, fill_value, dtype if dtype is not None else self.dtype, device if device is not None else self.device, buffer,
+                         requires_grad)
+
+
+def zeros(cls: type[Tensor], *shape: Any, **kwargs: Any) -> Tensor: return cls.full(argfix(*shape), 0.0, **kwargs)
+def ones(cls: type[Tensor], *shape: Any, **kwargs: Any) -> Tensor: return cls.full(argfix(*shape), 1.0, **kwargs)
+def zeros_like(self: Tensor, **kwargs: Any) -> Tensor: return self.full_like(0, **kwargs)
+def ones_like(self: Tensor, **kwargs: Any) -> Tensor: return self.full_like(1, **kwargs)
+
+
+def empty(cls: type[Tensor], *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None) -> Tensor:
+  """Uninitialized memory of `shape` (its contents are whatever the allocator hands out)."""
+  from plugrad.engine.buffers import new_buffer
+  shp = check_shape(argfix(*shape), "empty")
+  dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+  return _finish(cls._wrap(new_buffer(canonical_device(device), prod(shp), dt).reshape(shp)), requires_grad)
+
+
+def empty_like(self: Tensor, dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+  return type(self).empty(self.shape, dtype=dtype if dtype is not None else self.dtype, device=device if device is not None else self.device,
+                          requires_grad=requires_grad)
+
+
+def arange(cls: type[Tensor], start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DTypeLike | None = None,
+           device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+  """[start, start+step, ...) up to `stop` (exclusive); `arange(n)` is [0, n). Floats anywhere make it default_float."""
+  if stop is None: start, stop = 0, start
+  for v in (start, stop, step):
+    if not isinstance(v, (int, float)): raise TypeError(f"arange takes int or float bounds, got {type(v).__name__} {v!r}")
+  if step == 0: raise ValueError("arange: step must not be 0")
+  floats = any(isinstance(v, float) for v in (start, stop, step))
+  dt = to_dtype(dtype) if dtype is not None else dtypes.default_float if floats else dtypes.default_int
+  n = max(math.ceil((stop - start) / step), 0)
+  dev = canonical_device(device)
+  idx = iota(n, dev, dtypes.int64 if n > dtypes.max(dtypes.int32) else dtypes.int32)
+  if dtypes.is_float(dt) or not floats:
+    ramp = cls._wrap(idx.cast(dt)) * step + start
+  else: ramp = (cls._wrap(idx.cast(dtypes.default_float)) * step + start).cast(dt)
+  return _finish(ramp.cast(dt), requires_grad)
+
+
+def linspace(cls: type[Tensor], start: int | float, stop: int | float, steps: int, dtype: DTypeLike | None = None, device: str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
+  """`steps` evenly spaced values from `start` to `stop`, both included."""
+  if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace: steps must be an int >= 0, got {steps!r}")
+  dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+  work = dtypes.float64 if dt is dtypes.float64 else dtypes.float32
+  dev = canonical_device(device)
+  if steps == 1: return _finish(cls._wrap(const_uop(start, work, dev, (1,))).cast(dt), requires_grad)
+  idx = cls._wrap(iota(steps, dev, dtypes.int32).cast(work))
+  ramp = idx * ((stop - start) / max(steps - 1, 1)) + start
+  return _finish(idx.eq(steps - 1).where(float(stop), ramp).cast(dt), requires_grad)  # the end point exactly, like numpy
+
+
+def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
+        requires_grad: bool | None = None) -> Tensor:
+  m = n if m is None else m
+  if not all(isinstance(v, int) and v >= 0 for v in (n, m)): raise ValueError(f"eye: sizes must be ints >= 0, got n={n!r}, m={m!r}")
+  dev = canonical_device(device)
+  rows, cols = cls._wrap(iota(n, dev)).reshape(n, 1), cls._wrap(iota(m, dev)).reshape(1, m)
+  return _finish(rows.eq(cols).cast(to_dtype(dtype) if dtype is not None else dtypes.default_float), requires_grad)
+
+
+def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
+  """Coordinate grids from 1-D tensors: with "ij" output i varies along axis i; "xy" swaps the first two axes."""
+  if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+  ts = [t.reshape(-1) if t.ndim == 0 else t for t in (self, *args)]
+  for t in ts:
+    if t.ndim != 1: raise ValueError(f"meshgrid takes 0-d or 1-d tensors, got shape {t.shape}")
+  sizes = [t.shape[0] for t in ts]
+  if indexing == "xy" and len(ts) >= 2: sizes[0], sizes[1] = sizes[1], sizes[0]
+  out = []
+  for i, t in enumerate(ts):
+    axis = (1 - i if i < 2 else i) if indexing == "xy" and len(ts) >= 2 else i
+    out.append(t.reshape(tuple(s if j == axis else 1 for j, s in enumerate(sizes))).expand(tuple(sizes)))
+  return tuple(out)

@@ -1,0 +1,393 @@
+"""Elementwise Tensor methods: broadcasting and dtype promotion, arithmetic, comparisons, bitwise ops and the math
+functions, each composed from the IR's ALU ops (docs/tensor.md lists the formulas' domains and accuracy).
+
+Promotion: two tensors meet at `least_upper_dtype`. A Python scalar adopts the tensor's dtype when it fits its kind
+(a bool always does, an int fits int and float tensors, a float fits float tensors); otherwise a float scalar makes the
+result `default_float` and an int scalar with a bool tensor makes it `default_int`.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float
+from plugrad.tensor.helpers import broadcast_shape, const_uop, tensor_cls
+from plugrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+Scalar = bool | int | float
+
+# atan(t)/t on t^2 in [0, tan(pi/8)^2]: a degree-9 Chebyshev fit (relative error ~1.4e-15), evaluated by Horner's rule
+_ATAN_COEFFS = (0.9999999999999993, -0.3333333333322494, 0.19999999978932675, -0.14285712693360106, 0.11111049788060764,
+                -0.09089545490365898, 0.07673687489125985, -0.06506851911716473, 0.05027443131598921, -0.025350979773298036)
+# erf: Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7)
+_ERF_P, _ERF_A = 0.3275911, (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+# ---- promotion and broadcasting
+
+def scalar_dtype(dt: DType, x: Any) -> DType:
+  """The dtype a tensor of `dt` combined with the Python scalar `x` computes in."""
+  if isinstance(x, bool): return dt
+  if isinstance(x, (int, UOp)): return dtypes.default_int if dt is dtypes.bool else dt
+  if isinstance(x, float): return dt if dtypes.is_float(dt) else dtypes.default_float
+  raise TypeError(f"cannot combine a Tensor with a {type(x).__name__} ({x!r:.60}); use a Tensor, bool, int or float")
+
+
+def _pyscalar(x: Any) -> Any:
+  if isinstance(x, np.generic): return x.item()
+  if isinstance(x, np.ndarray) and x.ndim == 0: return x.item()
+  return x
+
+
+def broadcasted(self: Tensor, x: Any, reverse: bool = False, op: str = "op") -> tuple[Tensor, Tensor]:
+  """(self, x) — or (x, self) with `reverse` — promoted to one dtype and broadcast to one shape."""
+  T = tensor_cls()
+  x = _pyscalar(x)
+  if isinstance(x, T):
+    if x.device != self.device: raise ValueError(f"{op}: tensors on different devices ({self.device} and {x.device}); move one with .to()")
+    dt = least_upper_dtype(self.dtype, x.dtype)
+    shape = broadcast_shape(self.shape, x.shape, op=op)
+    a, b = self.cast(dt)._broadcast_to(shape), x.cast(dt)._broadcast_to(shape)
+  else:
+    dt = scalar_dtype(self.dtype, x)
+    a = self.cast(dt)
+    b = T._wrap(const_uop(x, dt, self.device, self.shape))
+  return (b, a) if reverse else (a, b)
+
+
+def _alu(op: Ops, a: Tensor, *rest: Tensor) -> Tensor: return a._wrap(a.uop.alu(op, *(r.uop for r in rest)))
+def _const_like(t: Tensor, value: Any) -> Tensor: return t._wrap(const_uop(value, t.dtype, t.device, t.shape))
+def _floats(t: Tensor) -> Tensor: return t if dtypes.is_float(t.dtype) else t.cast(least_upper_float(t.dtype))
+
+
+def _need(t: Tensor, ok: bool, op: str, kinds: str) -> None:
+  if not ok: raise TypeError(f"{op} needs {kinds} tensors, got {t.dtype}")
+
+
+# ---- arithmetic
+
+def add(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+  a, b = broadcasted(self, x, reverse, "add")
+  return _alu(Ops.OR if a.dtype is dtypes.bool else Ops.ADD, a, b)
+
+
+def sub(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+  a, b = broadcasted(self, x, reverse, "sub")
+  if a.dtype is dtypes.bool: raise TypeError("sub of bool tensors is not defined; use logical_xor (^) or logical_not")
+  if dtypes.is_float(a.dtype): return _alu(Ops.SUB, a, b)
+  return _alu(Ops.ADD, a, _alu(Ops.MUL, b, _const_like(b, -1)))  # the IR has no integer SUB
+
+
+def mul(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+  a, b = broadcasted(self, x, reverse, "mul")
+  return _alu(Ops.AND if a.dtype is dtypes.bool else Ops.MUL, a, b)
+
+
+def _int_operands(self: Tensor, x: Any, reverse: bool, op: str) -> tuple[Tensor, Tensor]:
+  a, b = broadcasted(self, x, reverse, op)
+  if a.dtype is dtypes.bool: a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+  return a, b
+
+
+def _floordiv_int(a: Tensor, b: Tensor) -> Tensor:
+  q = _alu(Ops.IDIV, a, b)
+  if dtypes.is_unsigned(a.dtype): return q
+  # C division truncates; step down when the remainder is nonzero and the signs differ
+  r = _alu(Ops.MOD, a, b)
+  return (r.ne(0) & ((r < 0).ne(b < 0))).where(q - 1, q)
+
+
+def div(self: Tensor, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+  if rounding_mode not in (None, "trunc", "floor"): raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+  a, b = broadcasted(self, x, reverse, "div")
+  if rounding_mode is not None and not dtypes.is_float(a.dtype):
+    if a.dtype is dtypes.bool: a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+    return _alu(Ops.IDIV, a, b) if rounding_mode == "trunc" else _floordiv_int(a, b)
+  a, b = _floats(a), _floats(b)
+  q = _alu(Ops.FDIV, a, b)
+  return q if rounding_mode is None else q.trunc() if rounding_mode == "trunc" else q.floor()
+
+
+def mod(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+  """Python's remainder: the result has the sign of the divisor."""
+  a, b = _int_operands(self, x, reverse, "mod")
+  if dtypes.is_float(a.dtype): return a - a.div(b, rounding_mode="floor") * b
+  r = _alu(Ops.MOD, a, b)
+  if dtypes.is_unsigned(a.dtype): return r
+  return (r.ne(0) & ((r < 0).ne(b < 0))).where(r + b, r)
+
+
+def fmod(self: Tensor, x: Tensor | Scalar) -> Tensor:
+  """C's remainder: the result has the sign of the dividend."""
+  a, b = _int_operands(self, x, False, "fmod")
+  if dtypes.is_float(a.dtype): return a - a.div(b, rounding_mode="trunc") * b
+  return _alu(Ops.MOD, a, b)
+
+
+def pow(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+  base, exponent = broadcasted(self, x, reverse, "pow")
+  if not dtypes.is_float(base.dtype) and isinstance(x, int) and not reverse and x < 0:
+    raise ValueError(f"pow: an integer tensor ({self.dtype}) to a negative integer power ({x}) is not an integer; cast to float first")
+  if base.dtype is dtypes.bool: base, exponent = base.cast(dtypes.default_int), exponent.cast(dtypes.default_int)
+  return _alu(Ops.POW, base, exponent)
+
+
+def neg(self: Tensor) -> Tensor:
+  if self.dtype is dtypes.bool: return self.logical_not()
+  return _alu(Ops.NEG, self) if dtypes.is_float(self.dtype) else self * -1
+
+
+def reciprocal(self: Tensor) -> Tensor: return _alu(Ops.RECIPROCAL, _floats(self))
+def square(self: Tensor) -> Tensor: return self * self
+
+
+def sign(self: Tensor) -> Tensor:
+  if self.dtype is dtypes.bool: return self
+  if dtypes.is_unsigned(self.dtype): return (self > 0).cast(self.dtype)
+  s = (self < 0).where(_const_like(self, -1), (self > 0).cast(self.dtype))
+  return s + self * 0 if dtypes.is_float(self.dtype) else s  # x*0 keeps nan
+
+
+def abs(self: Tensor) -> Tensor:
+  if self.dtype is dtypes.bool or dtypes.is_unsigned(self.dtype): return self
+  return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
+
+
+def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:
+  a, b = broadcasted(_floats(self), other, False, "copysign")
+  a, b = _floats(a), _floats(b)
+  negative = (b < 0) | (b.reciprocal() < 0)  # 1/-0.0 is -inf: the sign bit of a zero counts too
+  mag = a.abs()
+  return negative.where(-mag, mag)
+
+
+def lerp(self: Tensor, end: Tensor, weight: Tensor | Scalar) -> Tensor: return self + (end - self) * weight
+
+
+def maximum(self: Tensor, x: Tensor | Scalar) -> Tensor:
+  a, b = broadcasted(self, x, False, "maximum")
+  return _alu(Ops.OR if a.dtype is dtypes.bool else Ops.MAX, a, b)
+
+
+def minimum(self: Tensor, x: Tensor | Scalar) -> Tensor:
+  a, b = broadcasted(self, x, False, "minimum")
+  if a.dtype is dtypes.bool: return _alu(Ops.AND, a, b)
+  # floats: -max(-a, -b) keeps MAX's nan propagation; ints: a select (negating INT_MIN would overflow)
+  return -_alu(Ops.MAX, -a, -b) if dtypes.is_float(a.dtype) else (a < b).where(a, b)
+
+
+def clip(self: Tensor, min_: Tensor | Scalar | None = None, max_: Tensor | Scalar | None = None) -> Tensor:
+  if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
+  ret = self if min_ is None else self.maximum(min_)
+  return ret if max_ is None else ret.minimum(max_)
+
+
+# ---- selection
+
+def where(self: Tensor, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+  """`x` where self is true, else `y` (self is cast to bool; broadcast across all three)."""
+  T = tensor_cls()
+  x, y = _pyscalar(x), _pyscalar(y)
+  cond = self if self.dtype is dtypes.bool else self.cast(dtypes.bool)
+  tensors = [t for t in (x, y) if isinstance(t, T)]
+  for t in tensors:
+    if t.device != self.device: raise ValueError(f"where: tensors on different devices ({self.device} and {t.device})")
+  if isinstance(x, T) and isinstance(y, T): dt = least_upper_dtype(x.dtype, y.dtype)
+  elif isinstance(x, T): dt = scalar_dtype(x.dtype, y)
+  elif isinstance(y, T): dt = scalar_dtype(y.dtype, x)
+  else: dt = least_upper_dtype(scalar_dtype(dtypes.bool, x), scalar_dtype(dtypes.bool, y))
+  shape = broadcast_shape(cond.shape, *(t.shape for t in tensors), op="where")
+  def side(v: Any) -> UOp:
+    return v.cast(dt)._broadcast_to(shape).uop if isinstance(v, T) else const_uop(v, dt, self.device, shape)
+  return self._wrap(cond._broadcast_to(shape).uop.alu(Ops.WHERE, side(x), side(y)))
+
+
+def masked_fill(self: Tensor, mask: Tensor, value: Tensor | Scalar) -> Tensor: return mask.where(value, self)
+
+
+# ---- comparisons and logic
+
+def _cmp(self: Tensor, x: Any, op: Ops, reverse: bool, name: str) -> Tensor:
+  a, b = broadcasted(self, x, reverse, name)
+  return _alu(op, a, b)
+
+
+def lt(self: Tensor, x: Tensor | Scalar) -> Tensor: return _cmp(self, x, Ops.CMPLT, False, "<")
+def gt(self: Tensor, x: Tensor | Scalar) -> Tensor: return _cmp(self, x, Ops.CMPLT, True, ">")
+def _or_equal(self: Tensor, x: Any, reverse: bool, name: str) -> Tensor:
+  a, b = broadcasted(self, x, reverse, name)
+  # not (b < a) would call nan <= x true: floats need (a < b) or (a == b)
+  return (_alu(Ops.CMPLT, a, b) | _alu(Ops.CMPEQ, a, b)) if dtypes.is_float(a.dtype) else _alu(Ops.CMPLT, b, a).logical_not()
+
+
+def le(self: Tensor, x: Tensor | Scalar) -> Tensor: return _or_equal(self, x, False, "<=")
+def ge(self: Tensor, x: Tensor | Scalar) -> Tensor: return _or_equal(self, x, True, ">=")
+def eq(self: Tensor, x: Tensor | Scalar) -> Tensor: return _cmp(self, x, Ops.CMPEQ, False, "==")
+def ne(self: Tensor, x: Tensor | Scalar) -> Tensor: return _cmp(self, x, Ops.CMPNE, False, "!=")
+
+
+def logical_not(self: Tensor) -> Tensor:
+  b = self.cast(dtypes.bool)
+  return _alu(Ops.CMPNE, b, _const_like(b, True))
+
+
+def _bitwise(self: Tensor, x: Any, reverse: bool, op: Ops, name: str) -> Tensor:
+  a, b = broadcasted(self, x, reverse, name)
+  _need(a, dtypes.is_int(a.dtype) or a.dtype is dtypes.bool, name, "integer or bool")
+  return _alu(op, a, b)
+
+
+def bitwise_and(self: Tensor, x: Tensor | int | bool, reverse: bool = False) -> Tensor: return _bitwise(self, x, reverse, Ops.AND, "bitwise_and")
+def bitwise_or(self: Tensor, x: Tensor | int | bool, reverse: bool = False) -> Tensor: return _bitwise(self, x, reverse, Ops.OR, "bitwise_or")
+def bitwise_xor(self: Tensor, x: Tensor | int | bool, reverse: bool = False) -> Tensor: return _bitwise(self, x, reverse, Ops.XOR, "bitwise_xor")
+
+
+def bitwise_not(self: Tensor) -> Tensor:
+  if self.dtype is dtypes.bool: return self.logical_not()
+  _need(self, dtypes.is_int(self.dtype), "bitwise_not", "integer or bool")
+  return _alu(Ops.XOR, self, _const_like(self, -1))  # -1 wraps to all ones in every integer dtype
+
+
+def _shift(self: Tensor, x: Any, reverse: bool, op: Ops, name: str) -> Tensor:
+  if isinstance(x, int) and not isinstance(x, bool) and x < 0: raise ValueError(f"{name}: negative shift count {x}")
+  a, b = broadcasted(self, x, reverse, name)
+  _need(a, dtypes.is_int(a.dtype), name, "integer")
+  return _alu(op, a, b)
+
+
+def lshift(self: Tensor, x: Tensor | int, reverse: bool = False) -> Tensor: return _shift(self, x, reverse, Ops.SHL, "lshift")
+def rshift(self: Tensor, x: Tensor | int, reverse: bool = False) -> Tensor: return _shift(self, x, reverse, Ops.SHR, "rshift")
+
+
+def isnan(self: Tensor) -> Tensor: return self.ne(self) if dtypes.is_float(self.dtype) else _const_like(self.cast(dtypes.bool), False)
+
+
+def isinf(self: Tensor, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+  ret = _const_like(self.cast(dtypes.bool), False)
+  if not dtypes.is_float(self.dtype): return ret
+  if detect_positive: ret = ret | self.eq(math.inf)
+  if detect_negative: ret = ret | self.eq(-math.inf)
+  return ret
+
+
+def isfinite(self: Tensor) -> Tensor: return (self.isnan() | self.isinf()).logical_not()
+
+
+def isclose(self: Tensor, other: Tensor | Scalar, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+  a, b = broadcasted(self, other, False, "isclose")
+  a, b = _floats(a), _floats(b)
+  close = a.eq(b) | ((a - b).abs() <= atol + rtol * b.abs())  # equality first: inf == inf
+  return (close | (a.isnan() & b.isnan())) if equal_nan else close
+
+
+# ---- exponentials, logarithms, roots
+
+def exp2(self: Tensor) -> Tensor: return _alu(Ops.EXP2, _floats(self))
+def exp(self: Tensor) -> Tensor: return (_floats(self) * (1 / math.log(2))).exp2()
+def log2(self: Tensor) -> Tensor: return _alu(Ops.LOG2, _floats(self))
+def log(self: Tensor) -> Tensor: return self.log2() * math.log(2)
+def log10(self: Tensor) -> Tensor: return self.log2() * math.log10(2)
+def sqrt(self: Tensor) -> Tensor: return _alu(Ops.SQRT, _floats(self))
+def rsqrt(self: Tensor) -> Tensor: return self.sqrt().reciprocal()
+
+
+def logaddexp(self: Tensor, other: Tensor | Scalar) -> Tensor:
+  a, b = broadcasted(self, other, False, "logaddexp")
+  a, b = _floats(a), _floats(b)
+  m = a.maximum(b).detach()
+  m = m.isinf().where(0.0, m)  # both -inf (or one +inf): shift by 0 so the result is -inf/+inf, not nan
+  return ((a - m).exp() + (b - m).exp()).log() + m
+
+
+# ---- trigonometric and hyperbolic
+
+def sin(self: Tensor) -> Tensor: return _alu(Ops.SIN, _floats(self))
+def cos(self: Tensor) -> Tensor: return (math.pi / 2 - _floats(self)).sin()
+def tan(self: Tensor) -> Tensor: return self.sin() / self.cos()
+
+
+def _odd(x: Tensor, f: Any) -> Tensor:
+  """f on |x| with x's sign restored, for odd functions; d|x|/dx is taken as 1 at 0, so f'(0) survives."""
+  s = (x < 0).where(_const_like(x, -1.0), _const_like(x, 1.0))
+  return f(x * s) * s
+
+
+def _atan_pos(x: Tensor) -> Tensor:
+  # reduce x >= 0 to |t| <= tan(pi/8): atan(x) = pi/2 + atan(-1/x) above tan(3pi/8), pi/4 + atan((x-1)/(x+1)) above tan(pi/8)
+  big, mid = x > 2.414213562373095, x > 0.41421356237309503
+  t = big.where(-1 / big.where(x, 1.0), mid.where((x - 1) / (x + 1), x))  # the unused branches stay finite (no nan gradients)
+  z = t * t
+  p = _const_like(z, _ATAN_COEFFS[-1])
+  for c in reversed(_ATAN_COEFFS[:-1]): p = p * z + c
+  return big.where(_const_like(x, math.pi / 2), mid.where(_const_like(x, math.pi / 4), _const_like(x, 0.0))) + t * p
+
+
+def atan(self: Tensor) -> Tensor: return _odd(_floats(self), _atan_pos)
+
+
+def asin(self: Tensor) -> Tensor:
+  x = _floats(self)
+  return (x / ((1 - x) * (1 + x)).sqrt()).atan()
+
+
+def acos(self: Tensor) -> Tensor: return math.pi / 2 - self.asin()
+
+
+def sinh(self: Tensor) -> Tensor:
+  x = _floats(self)
+  return (x.exp() - (-x).exp()) / 2
+
+
+def cosh(self: Tensor) -> Tensor:
+  x = _floats(self)
+  return (x.exp() + (-x).exp()) / 2
+
+
+def tanh(self: Tensor) -> Tensor: return 2 / (1 + (_floats(self) * -2).exp()) - 1
+
+
+def asinh(self: Tensor) -> Tensor: return _odd(_floats(self), lambda x: (x + (x * x + 1).sqrt()).log())
+def acosh(self: Tensor) -> Tensor: return (lambda x: (x + (x * x - 1).sqrt()).log())(_floats(self))
+def atanh(self: Tensor) -> Tensor: return (lambda x: ((1 + x) / (1 - x)).log() / 2)(_floats(self))
+
+
+def erf(self: Tensor) -> Tensor:
+  def pos(x: Tensor) -> Tensor:
+    t = 1 / (1 + _ERF_P * x)
+    poly = _const_like(t, _ERF_A[-1])
+    for a in reversed(_ERF_A[:-1]): poly = poly * t + a
+    return 1 - poly * t * (-(x * x)).exp()
+  return _odd(_floats(self), pos)
+
+
+# ---- rounding (integer tensors are returned as they are)
+
+def trunc(self: Tensor) -> Tensor: return _alu(Ops.TRUNC, self) if dtypes.is_float(self.dtype) else self
+
+
+def floor(self: Tensor) -> Tensor:
+  if not dtypes.is_float(self.dtype): return self
+  t = self.trunc()
+  return (self < t).where(t - 1, t)
+
+
+def ceil(self: Tensor) -> Tensor:
+  if not dtypes.is_float(self.dtype): return self
+  t = self.trunc()
+  return (self > t).where(t + 1, t)
+
+
+def round(self: Tensor) -> Tensor:
+  """Round half to even, like numpy. Exact: x - trunc(x) is exact in floating point, so no x + 0.5 rounding error."""
+  if not dtypes.is_float(self.dtype): return self
+  t = self.trunc()
+  frac = (self - t).abs()
+  odd = (t - (t / 2).trunc() * 2).ne(0)
+  away = (frac > 0.5) | (frac.eq(0.5) & odd)
+  return away.where(t + self.sign(), t)
+

@@ -1,0 +1,101 @@
+"""Small pieces the Tensor modules share: argument normalization, dimension checks, broadcasting, and the UOps that
+build constants and index ramps directly in the tensor graph (no host data)."""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from plugrad.dtype import DType, dtypes
+from plugrad.uop.ops import Ops, UOp, sint
+from plugrad.uop.shape import ShapeError, fmt
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+Shape = tuple[sint, ...]
+
+
+@functools.cache
+def tensor_cls() -> type[Tensor]:
+  """The Tensor class (imported on first use: the op modules are imported by tensor.py itself)."""
+  from plugrad.tensor.tensor import Tensor
+  return Tensor
+
+
+def argfix(*x: Any) -> tuple[Any, ...]:
+  """`f(2, 3)`, `f((2, 3))` and `f([2, 3])` all give (2, 3)."""
+  if x and isinstance(x[0], (tuple, list)):
+    if len(x) != 1: raise ValueError(f"pass either one sequence or separate values, not both: got {x!r}")
+    return tuple(x[0])
+  return x
+
+
+def resolve_dim(shape: Shape, dim: int, extra: bool = False) -> int:
+  """`dim` as an index in 0..ndim-1 (0..ndim with `extra`, for inserting an axis). A 0-d tensor accepts 0 and -1."""
+  if not isinstance(dim, int) or isinstance(dim, bool): raise TypeError(f"a dimension must be an int, got {type(dim).__name__} {dim!r}")
+  n = len(shape) + 1 if extra else max(len(shape), 1)
+  if not -n <= dim < n: raise IndexError(f"dimension {dim} is out of range for a tensor of shape {fmt(shape)} (expected {-n}..{n - 1})")
+  return dim + n if dim < 0 else dim
+
+
+def resolve_dims(shape: Shape, dims: Sequence[int], what: str) -> tuple[int, ...]:
+  out = tuple(resolve_dim(shape, d) for d in dims)
+  if len(set(out)) != len(out): raise ValueError(f"{what}: dimension {list(dims)} repeats an axis of shape {fmt(shape)}")
+  return out
+
+
+def broadcast_shape(*shapes: Shape, op: str = "broadcast") -> Shape:
+  """numpy broadcasting: shapes aligned on the right, each axis equal or 1."""
+  nd = max(len(s) for s in shapes)
+  padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
+  out: list[sint] = []
+  for axis in zip(*padded):
+    sizes = {d for d in axis if not (isinstance(d, int) and d == 1)}
+    if len(sizes) > 1: raise ShapeError(f"{op}: shapes {' and '.join(fmt(s) for s in shapes)} do not broadcast")
+    out.append(sizes.pop() if sizes else 1)
+  return tuple(out)
+
+
+def device_uop(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
+
+
+def const_uop(value: Any, dtype: DType, device: str | None, shape: Shape) -> UOp:
+  """`value` of `dtype` broadcast to `shape` on `device`: a CONST reshaped and expanded (nothing is stored)."""
+  if isinstance(value, UOp):  # a symbolic int (Variable / BIND)
+    c = value if value.dtype is dtype else value.cast(dtype)
+  else:
+    v = dtypes.as_const(value, dtype)
+    if isinstance(v, float) and math.isnan(v): v = math.nan
+    c = UOp(Ops.CONST, dtype, (device_uop(device),) if device is not None else (), v)
+  return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+
+
+def iota(n: int, device: str, dtype: DType = dtypes.int32) -> UOp:
+  """[0, 1, ..., n-1] built from constants and movement ops: iota(n) = 2*iota(ceil(n/2)) + [0, 1] interleaved, so each
+  element costs O(log n) ALU ops in one fused kernel and no host data."""
+  if n <= 1: return const_uop(0, dtype, device, (n,))
+  h = (n + 1) // 2
+  evens = iota(h, device, dtype).alu(Ops.MUL, const_uop(2, dtype, device, (h,)))
+  bit = const_uop(1, dtype, device, (1,)).pad(((1, 0),))  # [0, 1]
+  pairs = evens.reshape((h, 1)).expand((h, 2)).alu(Ops.ADD, bit.reshape((1, 2)).expand((h, 2)))
+  return pairs.reshape((2 * h,)).shrink(((0, n),))
+
+
+def is_buffer_form(u: UOp) -> bool:
+  """The value sits contiguously in one buffer (a BUFFER, or a BUFFER reshaped)."""
+  return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
+
+def ints(shape: Sequence[sint], what: str) -> tuple[int, ...]:
+  """The sizes as ints; a symbolic size raises (for the operations that need concrete sizes)."""
+  if not all(isinstance(s, int) for s in shape): raise TypeError(f"{what} needs concrete sizes, got the symbolic shape {fmt(tuple(shape))}")
+  return tuple(int(s) for s in shape)  # type: ignore[arg-type]
+
+
+def check_shape(shape: Sequence[Any], what: str) -> tuple[int, ...]:
+  """A concrete shape of ints >= 0 (ValueError otherwise)."""
+  if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+    raise ValueError(f"{what}: a shape must be ints >= 0, got {shape!r}")
+  return tuple(shape)

@@ -1,0 +1,462 @@
+"""Indexing Tensor methods: `__getitem__`/`__setitem__`, gather/scatter, masked_select, nonzero, triangles, diagonals,
+unfold; built from movement ops, comparisons with `arange` and reductions.
+
+Basic indices (ints, slices, None, ...) are pure views. Integer-tensor indices select through a one-hot comparison
+with `arange` and a sum (a gather that fuses into its consumer); an index tensor's values are only known on the device,
+so an out-of-range value in one selects nothing (0), as in tinygrad. Python int indices, and lists of ints, are checked
+at the call and raise IndexError.
+
+The methods are plain functions taking the tensor first (so type checkers see `self` as a Tensor), bound as methods by
+the mixin class at the bottom. The helpers above them (`resolve_dim`, `make_tuple`, `pad_constant`, `pool`, ...) are
+shared with nn_ops.py and scan.py.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from plugrad.dtype import DType, dtypes
+from plugrad.helpers import all_int, prod
+from plugrad.tensor.helpers import broadcast_shape, ints
+from plugrad.uop.shape import ShapeError, fmt
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+
+# ---------------------------------------------------------------- helpers shared by the three mixins
+
+def resolve_dim(dim: int, ndim: int, op: str, extra: bool = False) -> int:
+  """`dim` as a non-negative axis of an `ndim`-d tensor (one past the end when `extra`); IndexError when out of range.
+  A 0-d tensor accepts 0 and -1, as in PyTorch."""
+  total = ndim + int(extra)
+  if isinstance(dim, bool) or not isinstance(dim, int): raise TypeError(f"{op}: dim must be an int, got {dim!r}")
+  if not -max(total, 1) <= dim < max(total, 1): raise IndexError(f"{op}: dim {dim} is out of range for a {ndim}-d tensor")
+  return dim + total if dim < 0 else dim
+
+
+def make_tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
+  """An int repeated `n` times, or a sequence of exactly `n` ints."""
+  if isinstance(x, int): return (x,) * n
+  if len(x := tuple(x)) != n or not all_int(x): raise ValueError(f"{what} must be an int or {n} ints, got {x}")
+  return x
+
+
+def pad_pairs(padding: int | Sequence[int], n: int, what: str = "padding") -> tuple[tuple[int, int], ...]:
+  """tinygrad's padding forms for `n` spatial dims, as (before, after) pairs in dim order: an int (all sides), `n` ints
+  (one per dim, both sides), or `2n` ints in PyTorch's F.pad order (last dim first: left, right, top, bottom, ...)."""
+  if isinstance(padding, int): return ((padding, padding),) * n
+  p = tuple(padding)
+  if not all_int(p) or len(p) not in (n, 2 * n):
+    raise ValueError(f"{what} must be an int or a sequence of {n} or {2 * n} ints, got {padding!r}")
+  if len(p) == n: return tuple((x, x) for x in p)
+  return tuple((p[2 * i], p[2 * i + 1]) for i in range(n))[::-1]
+
+
+def pad_constant(x: Tensor, pads: Sequence[tuple[int, int]], value: float | int | bool = 0) -> Tensor:
+  """Pad the last len(pads) dims with `value`; negative amounts cut (conv_transpose2d and ceil_mode pooling need that)."""
+  return x.pad(((0, 0),) * (x.ndim - len(pads)) + tuple(pads), value=value)
+
+
+def pool(x: Tensor, k_: Sequence[int], stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1) -> Tensor:
+  """The sliding windows over the last len(k_) dims as a view: (..., *i) → (..., *o, *k), o = (i - d*(k-1) - 1)//s + 1.
+
+  No data moves: a dim of size i is repeated (expand) and re-read with a row length L ≡ d (mod i), so row j of the
+  re-read starts j*d elements later; taking every s-th element of each row gives the window offsets."""
+  nk = len(k_)
+  s_, d_ = make_tuple(stride, nk, "stride"), make_tuple(dilation, nk, "dilation")
+  if x.ndim < nk: raise ShapeError(f"pool of shape {fmt(x.shape)} with a {nk}-d window {tuple(k_)}: too few dims")
+  if any(k < 1 for k in k_) or any(s < 1 for s in s_) or any(d < 1 for d in d_):
+    raise ValueError(f"pool: kernel {tuple(k_)}, stride {s_} and dilation {d_} must be >= 1")
+  pre, i_ = x.shape[:-nk], ints(x.shape[-nk:], "pool")
+  if any(d * (k - 1) + 1 > i for k, d, i in zip(k_, d_, i_)):
+    raise ShapeError(f"pool: the window {tuple(k_)} (dilation {d_}) is larger than the (padded) input {fmt(tuple(i_))}")
+  o_ = [(i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(i_, k_, s_, d_)]
+  n = len(pre)
+  if all(d == 1 and s == k for k, s, d in zip(k_, s_, d_)):  # non-overlapping windows: a plain reshape
+    x = x.shrink(tuple((0, p) for p in pre) + tuple((0, o * k) for o, k in zip(o_, k_)))
+    x = x.reshape(*pre, *[v for o, k in zip(o_, k_) for v in (o, k)])
+    return x.permute(*range(n), *[n + 2 * j for j in range(nk)], *[n + 2 * j + 1 for j in range(nk)])
+  # row length L = i*f + d, f >= 1 chosen so that a row holds all o*s offsets
+  L_ = [i * max(1, math.ceil((o * s - d) / i)) + d for i, o, s, d in zip(i_, o_, s_, d_)]
+  R_ = [math.ceil(k * L / i) for k, L, i in zip(k_, L_, i_)]
+  x = x.reshape(*pre, *[v for i in i_ for v in (1, i)]).expand(*pre, *[v for r, i in zip(R_, i_) for v in (r, i)])
+  x = x.reshape(*pre, *[r * i for r, i in zip(R_, i_)])
+  x = x.shrink(tuple((0, p) for p in pre) + tuple((0, k * L) for k, L in zip(k_, L_)))
+  x = x.reshape(*pre, *[v for k, L in zip(k_, L_) for v in (k, L)])
+  x = x.shrink(tuple((0, p) for p in pre) + tuple(v for k, o, s in zip(k_, o_, s_) for v in ((0, k), (0, o * s))))
+  if any(s != 1 for s in s_):
+    x = x.reshape(*pre, *[v for k, o, s in zip(k_, o_, s_) for v in (k, o, s)])
+    x = x.shrink(tuple((0, p) for p in pre) + tuple(v for k, o in zip(k_, o_) for v in ((0, k), (0, o), (0, 1))))
+    x = x.reshape(*pre, *[v for k, o in zip(k_, o_) for v in (k, o)])
+  return x.permute(*range(n), *[n + 2 * j + 1 for j in range(nk)], *[n + 2 * j for j in range(nk)])
+
+
+def broadcast_to(x: Tensor, shape: tuple[int, ...], op: str) -> Tensor:
+  if x.shape == shape: return x
+  if x.ndim > len(shape) or any(a != b and a != 1 for a, b in zip(x.shape[::-1], shape[::-1])):
+    raise ShapeError(f"{op}: shape {fmt(x.shape)} does not broadcast to {fmt(shape)}")
+  return x.reshape((1,) * (len(shape) - x.ndim) + x.shape).expand(shape)
+
+
+def one_hot_last(idx: Tensor, n: int) -> Tensor:
+  """bool (*idx.shape, n): True where idx == position along the new last axis."""
+  from plugrad.tensor.tensor import Tensor
+  return idx.unsqueeze(-1).eq(Tensor.arange(n, device=idx.device))
+
+
+def select_sum(mask: Tensor, x: Tensor, axis: int) -> Tensor:
+  """sum over `axis` of x where mask (else 0), keeping x's dtype: the contraction behind every gather here.
+  `where` rather than a multiply so that an inf or nan outside the selection does not leak in as 0*inf."""
+  if x.dtype == dtypes.bool: return mask.where(x, False).any(axis)
+  return mask.where(x, 0).sum(axis, dtype=x.dtype)
+
+
+def _check_index_tensor(t: Tensor, op: str) -> None:
+  if not dtypes.is_int(t.dtype) or t.dtype == dtypes.bool:
+    raise TypeError(f"{op}: index tensors must have an integer dtype, got {t.dtype}")
+
+
+def _nested_shape(x: Any) -> tuple[int, ...]:
+  if not isinstance(x, (list, tuple)): return ()
+  inner = [_nested_shape(e) for e in x]
+  if any(s != inner[0] for s in inner): raise IndexError(f"index list {x!r} is ragged")
+  return (len(x),) + (inner[0] if inner else ())
+
+
+def _flat(x: Any) -> list[Any]: return [v for e in x for v in _flat(e)] if isinstance(x, (list, tuple)) else [x]
+
+
+# ---------------------------------------------------------------- __getitem__ / __setitem__
+
+class _Parsed:
+  """The basic part of an index expression, applied to `x` as views, and the advanced (tensor) part left over."""
+  def __init__(self, x: Tensor, indices: Any):
+    from plugrad.tensor.tensor import Tensor
+    if not isinstance(indices, tuple): indices = (indices,)
+    if sum(i is Ellipsis for i in indices) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
+    n_real = sum(i is not None and i is not Ellipsis for i in indices)
+    if n_real > x.ndim: raise IndexError(f"too many indices for a tensor of shape {fmt(x.shape)}: {n_real} were given")
+    # identity tests: `in` and `.index` would compare index tensors elementwise
+    if not any(i is Ellipsis for i in indices): indices = (*indices, Ellipsis)
+    e = next(j for j, i in enumerate(indices) if i is Ellipsis)
+    indices = indices[:e] + (slice(None),) * (x.ndim - n_real) + indices[e + 1:]
+    # per dim of x: the box (start, count, step) it keeps (an int index keeps 1 element and drops the dim)
+    self.base_shape = shape = ints(x.shape, "indexing")
+    self.boxes: list[tuple[int, int, int]] = []
+    layout: list[int | None] = []   # per output dim of the basic view: the dim of x it comes from, None for new axes
+    adv: list[tuple[int, Tensor]] = []  # (output dim of the basic view, index tensor)
+    dim = 0
+    for i in indices:
+      if i is None:
+        layout.append(None); continue
+      if isinstance(i, np.integer): i = int(i)
+      elif isinstance(i, np.ndarray): i = i.tolist()
+      elif isinstance(i, slice): i = slice(*(int(v) if isinstance(v, np.integer) else v for v in (i.start, i.stop, i.step)))
+      size = shape[dim]
+      if isinstance(i, bool): raise IndexError("bool indices are not supported; use masked_select or where")
+      if isinstance(i, int):
+        if not -size <= i < size: raise IndexError(f"index {i} is out of range for dim {dim} of size {size} (shape {fmt(x.shape)})")
+        self.boxes.append((i % size, 1, 1))
+      elif isinstance(i, slice):
+        if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (i.start, i.stop, i.step)):
+          raise TypeError(f"slice {i} must have int (or None) start, stop and step")
+        if i.step == 0: raise ValueError(f"slice {i}: step cannot be zero")
+        start, stop, step = i.indices(size)
+        count = max(0, -(-(stop - start) // step))
+        self.boxes.append((start, count, step)); layout.append(dim)
+      elif isinstance(i, (list, tuple, Tensor)):
+        if isinstance(i, Tensor):
+          _check_index_tensor(i, "indexing")
+          t = (i < 0).where(i + size, i)
+        else:
+          vals = _flat(i)
+          if any(isinstance(v, bool) or not isinstance(v, int) for v in vals): raise IndexError(f"index list {i!r} must hold only ints")
+          if (bad := [v for v in vals if not -size <= v < size]):
+            raise IndexError(f"index {bad[0]} is out of range for dim {dim} of size {size} (shape {fmt(x.shape)})")
+          t = Tensor([v % size for v in vals] if vals else [], dtype=dtypes.int32, device=x.device).reshape(_nested_shape(i))
+        self.boxes.append((0, size, 1))
+        adv.append((len(layout), t)); layout.append(dim)
+      else: raise IndexError(f"indices of type {type(i).__name__} are not supported ({i!r})")
+      dim += 1
+    self.layout, self.adv = layout, adv
+
+  def view(self, x: Tensor) -> Tensor:
+    """x with the basic indices applied: shrink, flip (negative steps), stride, new axes and collapsed ints."""
+    shrink, flips = [], []
+    for start, count, step in self.boxes:
+      lo, hi = (start, start + (count - 1) * step + 1) if step > 0 else (start + (count - 1) * step, start + 1)
+      shrink.append((lo, hi) if count else (start, start) if step > 0 else (0, 0))
+      flips.append(step < 0)
+    x = x.shrink(tuple(shrink))
+    if any(flips): x = x.flip(tuple(d for d, f in enumerate(flips) if f))
+    if any(abs(st) != 1 and c > 1 for _, c, st in self.boxes):
+      sts = [abs(st) if c > 1 else 1 for _, c, st in self.boxes]
+      x = x.pad(tuple((0, c * st - s) for (_, c, _), st, s in zip(self.boxes, sts, x.shape)))
+      x = x.reshape(*[v for (_, c, _), st in zip(self.boxes, sts) for v in (c, st)])
+      x = x.shrink(tuple(v for (_, c, _) in self.boxes for v in ((0, c), (0, 1)))).reshape(*[c for _, c, _ in self.boxes])
+    return x.reshape(tuple(1 if d is None else self.boxes[d][1] for d in self.layout))
+
+  def unview(self, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The inverse placement of `v` (shaped like view()'s result) into the base shape, and the bool mask of the
+    positions it covers: drop new axes, restore collapsed dims, un-stride (interleave zeros), un-flip, pad back."""
+    from plugrad.tensor.tensor import Tensor
+    box = tuple(c for _, c, _ in self.boxes)
+    sts = [abs(st) if c > 1 else 1 for _, c, st in self.boxes]
+    extent = [(c - 1) * st + 1 if c else 0 for c, st in zip(box, sts)]
+    los = [0 if not c else start if step > 0 else start + (c - 1) * step for (start, c, step) in self.boxes]
+    def place(t: Tensor) -> Tensor:
+      if any(st != 1 for st in sts):
+        t = t.reshape(*[e for c in box for e in (c, 1)]).pad(tuple(e for st in sts for e in ((0, 0), (0, st - 1))))
+        t = t.reshape(*[c * st for c, st in zip(box, sts)]).shrink(tuple((0, e) for e in extent))
+      if any(st < 0 for _, _, st in self.boxes): t = t.flip(tuple(d for d, (_, _, st) in enumerate(self.boxes) if st < 0))
+      return t.pad(tuple((lo, size - lo - e) for lo, size, e in zip(los, self.base_shape, extent)))
+    return place(v.reshape(box)), place(Tensor.ones(box, dtype=dtypes.bool, device=v.device, buffer=False))
+
+
+def _adv_layout(x: Tensor, adv: list[tuple[int, Tensor]]) -> tuple[Tensor, Tensor, int, tuple[int, ...], list[int], tuple[int, ...]]:
+  """Move the advanced dims of x together (where numpy puts their result: in place when adjacent, else first) and
+  flatten them. Returns (x as (*pre, N, *post), the linear index (shape B), position p, B, the permutation, x's
+  permuted shape)."""
+  dims = [d for d, _ in adv]
+  B = ints(broadcast_shape(*(t.shape for _, t in adv), op="indexing"), "indexing")
+  p = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+  rest = [d for d in range(x.ndim) if d not in dims]
+  order = rest[:p] + dims + rest[p:]
+  xp = x.permute(*order)
+  sizes = [ints(x.shape, "indexing")[d] for d in dims]
+  ts = [broadcast_to(t, B, "indexing") for _, t in adv]
+  lin, valid = ts[0] * prod(sizes[1:]), (ts[0] >= 0) & (ts[0] < sizes[0])
+  for j in range(1, len(ts)): lin, valid = lin + ts[j] * prod(sizes[j + 1:]), valid & (ts[j] >= 0) & (ts[j] < sizes[j])
+  lin = valid.where(lin, -1)  # out of range selects nothing
+  perm_shape = ints(xp.shape, "indexing")
+  xp = xp.reshape(*perm_shape[:p], prod(sizes), *perm_shape[p + len(dims):])
+  return xp, lin, p, B, order, perm_shape
+
+
+def _getitem(self: Tensor, indices: Any) -> Tensor:
+  parsed = _Parsed(self, indices)
+  x = parsed.view(self)
+  if not parsed.adv: return x
+  xp, lin, p, B, _, _ = _adv_layout(x, parsed.adv)
+  shape = ints(xp.shape, "indexing")
+  pre, N, post = shape[:p], shape[p], shape[p + 1:]
+  mask = one_hot_last(lin, N).reshape(*(1,) * len(pre), *B, N, *(1,) * len(post))
+  return select_sum(mask, xp.reshape(*pre, *(1,) * len(B), N, *post), len(pre) + len(B))
+
+
+def _setitem_value(self: Tensor, indices: Any, v: Any) -> Tensor:
+  """The whole of `self` with `v` written at `indices` (a functional update: where(mask, placed v, self))."""
+  from plugrad.tensor.tensor import Tensor
+  parsed = _Parsed(self, indices)
+  x = parsed.view(self)
+  if isinstance(v, Tensor): v = v.cast(self.dtype)
+  elif isinstance(v, (bool, int, float)): v = Tensor.full((), v, dtype=self.dtype, device=self.device, buffer=False)  # a constant, no buffer
+  else: v = Tensor(v, dtype=self.dtype, device=self.device)
+  if not parsed.adv:
+    placed, mask = parsed.unview(broadcast_to(v, ints(x.shape, "setitem"), "setitem"))
+    return mask.where(placed, self)
+  xp, lin, p, B, order, perm_shape = _adv_layout(x, parsed.adv)
+  shape = ints(xp.shape, "setitem")
+  pre, N, post = shape[:p], shape[p], shape[p + 1:]
+  if (nb := prod(B)) == 0: return self  # nothing is written
+  vb = broadcast_to(v, (*pre, *B, *post), "setitem").reshape(*pre, nb, *post)
+  hit = one_hot_last(lin.reshape(nb), N)                       # (nb, N): value b writes position j
+  # repeated indices: the last write wins (numpy), so each position takes the highest b that hits it
+  last = hit.where(Tensor.arange(1, nb + 1, device=self.device).reshape(nb, 1), 0).max(0) - 1  # (N,)
+  take = Tensor.arange(nb, device=self.device).reshape(nb, 1).eq(last.reshape(1, N))          # (nb, N)
+  take = take.reshape(*(1,) * len(pre), nb, N, *(1,) * len(post))
+  written = select_sum(take, vb.reshape(*pre, nb, 1, *post), len(pre))                     # (*pre, N, *post)
+  covered = (last >= 0).reshape(*(1,) * len(pre), N, *(1,) * len(post))
+  merged = covered.where(written, xp).reshape(perm_shape).permute(*[order.index(d) for d in range(len(order))])
+  placed, mask = parsed.unview(merged)
+  return mask.where(placed, self)
+
+
+def _identity(reduce: str, dt: DType) -> Any:
+  return {"sum": 0, "mean": 0, "prod": 1, "amax": dtypes.min(dt), "amin": dtypes.max(dt)}[reduce]
+
+
+def _triangle(x: Tensor, diagonal: int, lower: bool) -> Tensor:
+  from plugrad.tensor.tensor import Tensor
+  if x.ndim < 2: raise ValueError(f"{'tril' if lower else 'triu'} needs at least 2 dims, got shape {fmt(x.shape)}")
+  r, c = ints(x.shape[-2:], "tril/triu")
+  diff = Tensor.arange(c, device=x.device).unsqueeze(0) - Tensor.arange(r, device=x.device).unsqueeze(1)  # j - i
+  keep = diff <= diagonal if lower else diff >= diagonal
+  return keep.where(x, False if x.dtype == dtypes.bool else 0)
+
+
+# ---------------------------------------------------------------- the methods
+
+def getitem(self: Tensor, indices: Any) -> Tensor:
+  """Index like numpy/PyTorch: ints, slices (any step), `None`, `...`, and integer tensors or lists (advanced
+  indexing; several index tensors broadcast together). Ints collapse their dim first, as in PyTorch."""
+  return _getitem(self, indices)
+
+
+def setitem(self: Tensor, indices: Any, v: Any) -> None:
+  """Write `v` (a tensor or Python value, broadcast to the indexed shape) at `indices`, through an ASSIGN on `self`.
+  With repeated advanced indices the last write wins."""
+  self.assign(_setitem_value(self, indices, v))
+
+
+def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
+  """out[i][j][k] = self[index[i][j][k]][j][k] for dim 0 (and so on): `index` has self's ndim and is no larger
+  than self in the other dims."""
+  dim = resolve_dim(dim, self.ndim, "gather")
+  _check_index_tensor(index, "gather")
+  if index.ndim != self.ndim: raise ShapeError(f"gather: index {fmt(index.shape)} must have the ndim of self {fmt(self.shape)}")
+  if self.ndim == 0: return self.reshape(1).gather(0, index.reshape(1)).reshape(())
+  if any(i > s for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != dim):
+    raise ShapeError(f"gather: index {fmt(index.shape)} is larger than self {fmt(self.shape)} outside dim {dim}")
+  x = self.shrink(tuple((0, s if d == dim else i) for d, (s, i) in enumerate(zip(self.shape, index.shape))))
+  return select_sum(one_hot_last(index, ints(self.shape, "gather")[dim]), x.unsqueeze(-1).transpose(-1, dim), -1)
+
+
+def _scatter_masks(self: Tensor, dim: int, index: Tensor, src: Tensor, op: str) -> tuple[int, Tensor, Tensor]:
+  dim = resolve_dim(dim, self.ndim, op)
+  _check_index_tensor(index, op)
+  if index.ndim != self.ndim: raise ShapeError(f"{op}: index {fmt(index.shape)} must have the ndim of self {fmt(self.shape)}")
+  if any(i > s for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != dim):
+    raise ShapeError(f"{op}: index {fmt(index.shape)} is larger than self {fmt(self.shape)} outside dim {dim}")
+  if src.ndim != self.ndim or any(i > s for s, i in zip(src.shape, index.shape)):
+    raise ShapeError(f"{op}: index {fmt(index.shape)} is larger than src {fmt(src.shape)}")
+  src = src.shrink(tuple((0, i) for i in index.shape)).unsqueeze(-1)
+  # mask[..., b, ..., k]: element b along dim goes to position k of self's dim (the new last axis)
+  return dim, one_hot_last(index, ints(self.shape, op)[dim]), src
+
+
+def _scatter_back(self: Tensor, dim: int, t: Tensor, index: Tensor, fill: Any) -> Tensor:
+  """(…, 1, …, n) reduced over dim → self's layout, padded to self's shape with `fill` past index's extent."""
+  t = t.transpose(dim, -1).squeeze(-1)
+  return t.pad(tuple((0, s - t.shape[d]) for d, s in enumerate(self.shape)), value=fill)
+
+
+def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | bool,
+            reduce: Literal["multiply", "add"] | None = None) -> Tensor:
+  """self with src[i][j] written at [index[i][j]][j] (dim 0); src may be a Python value. `reduce='add'` or
+  `'multiply'` combines with the existing value; without it, a position hit twice takes the last write."""
+  from plugrad.tensor.tensor import Tensor
+  if reduce not in (None, "add", "multiply"): raise ValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
+  if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device, buffer=False)
+  if reduce is not None: return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+  if src.dtype != self.dtype: raise TypeError(f"scatter: src dtype {src.dtype} differs from self's {self.dtype}")
+  dim, mask, s = _scatter_masks(self, dim, index, src, "scatter")
+  m = ints(index.shape, "scatter")[dim]
+  rank = Tensor.arange(1, m + 1, device=self.device).reshape(*[m if d == dim else 1 for d in range(self.ndim)], 1)
+  last = mask.where(rank, 0).max(dim, keepdim=True)          # the highest b writing each position, 0 for none
+  written = select_sum(mask & rank.eq(last), s, dim).unsqueeze(dim)
+  return _scatter_back(self, dim, last > 0, index, False).where(_scatter_back(self, dim, written, index, 0), self)
+
+
+def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: Literal["sum", "prod", "mean", "amax", "amin"],
+                   include_self: bool = True) -> Tensor:
+  """self with src reduced into the positions `index` names along `dim`. `include_self=False` leaves self's value
+  out of the reduction at the positions written (others keep self)."""
+  if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+    raise ValueError(f"scatter_reduce: reduce must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
+  if src.dtype != self.dtype: raise TypeError(f"scatter_reduce: src dtype {src.dtype} differs from self's {self.dtype}")
+  dim, mask, s = _scatter_masks(self, dim, index, src, "scatter_reduce")
+  back = lambda t, fill: _scatter_back(self, dim, t.unsqueeze(dim) if t.ndim < mask.ndim else t, index, fill)
+  hit = back(mask.any(dim), False)
+  keep = self if include_self else hit.where(_identity(reduce, self.dtype), self)
+  if reduce in ("sum", "mean"):
+    total = back(select_sum(mask, s, dim), 0) + keep
+    if reduce == "sum": return total
+    count = back(mask.sum(dim), 0) + (1 if include_self else hit.logical_not())
+    count = count.maximum(1).cast(self.dtype)
+    return total.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else total / count
+  if reduce == "prod": return back(mask.where(s, 1).prod(dim, dtype=self.dtype), 1) * keep
+  if reduce == "amax": return back(mask.where(s, dtypes.min(self.dtype)).max(dim), dtypes.min(self.dtype)).maximum(keep)
+  return back(mask.where(s, dtypes.max(self.dtype)).min(dim), dtypes.max(self.dtype)).minimum(keep)
+
+
+def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value: Any = 0) -> Tensor:
+  """The elements of self where `mask` (bool, broadcast to self) is True, as a 1-d tensor. Without `size` the length
+  is the number of True values (this reads the count back from the device); with `size` the result has exactly
+  `size` elements, cut or padded with `fill_value`."""
+  from plugrad.tensor.tensor import Tensor
+  if mask.dtype != dtypes.bool: raise TypeError(f"masked_select: mask must be bool, got {mask.dtype}")
+  out_shape = ints(broadcast_shape(self.shape, mask.shape, op="masked_select"), "masked_select")
+  x, m = broadcast_to(self, out_shape, "masked_select").flatten(), broadcast_to(mask, out_shape, "masked_select").flatten()
+  if size is None: size = int(m.sum().item()) if m.shape[0] else 0
+  if size < 0: raise ValueError(f"masked_select: size must be >= 0, got {size}")
+  pos = m.cumsum().cast(dtypes.int32) - 1  # output position of each selected element
+  sel = m.unsqueeze(0) & pos.unsqueeze(0).eq(Tensor.arange(size, device=self.device).unsqueeze(1))  # (size, n)
+  out = select_sum(sel, x.unsqueeze(0), 1)
+  return sel.any(1).where(out, Tensor.full((size,), fill_value, dtype=self.dtype, device=self.device, buffer=False)) if size else out
+
+
+def nonzero(self: Tensor, size: int | None = None, fill_value: Any = 0) -> Tensor:
+  """The indices of the non-zero elements, shape (count, ndim), int32. Without `size` the count is read back from
+  the device; with `size` the result has `size` rows, cut or padded with `fill_value`."""
+  from plugrad.tensor.tensor import Tensor
+  nz = self.ne(0)
+  if self.ndim == 0:
+    n = int(nz.item()) if size is None else size
+    return Tensor.zeros((n, 0), dtype=dtypes.int32, device=self.device, buffer=False)
+  coords = Tensor.stack(*[Tensor.arange(s, dtype=dtypes.int32, device=self.device)
+                          .reshape(*[s if j == i else 1 for j in range(self.ndim)]).expand(self.shape).flatten()
+                          for i, s in enumerate(ints(self.shape, "nonzero"))], dim=-1)  # (numel, ndim)
+  mask = nz.flatten().unsqueeze(-1).expand(coords.shape)
+  return coords.masked_select(mask, None if size is None else size * self.ndim, fill_value).reshape(-1, self.ndim)
+
+
+def tril(self: Tensor, diagonal: int = 0) -> Tensor:
+  """The lower triangle of the last two dims (j - i <= diagonal); the rest is 0."""
+  return _triangle(self, diagonal, lower=True)
+
+
+def triu(self: Tensor, diagonal: int = 0) -> Tensor:
+  """The upper triangle of the last two dims (j - i >= diagonal); the rest is 0."""
+  return _triangle(self, diagonal, lower=False)
+
+
+def diag(self: Tensor) -> Tensor:
+  """A 1-d tensor → the square matrix with it on the diagonal (a view: pad and reshape); a 2-d one → its diagonal."""
+  if self.ndim == 2: return self.diagonal()
+  if self.ndim != 1: raise ValueError(f"diag needs a 1-d or 2-d tensor, got shape {fmt(self.shape)}")
+  n = self.shape[0]
+  # each value followed by n zeros, read back n per row: the values land on the diagonal
+  return self.unsqueeze(-1).pad(((0, 0), (0, n))).flatten().shrink(((0, n * n),)).reshape(n, n)
+
+
+def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+  """The diagonal (`offset` above the main one, negative below) of dims dim1 and dim2, as a new last dim (a view)."""
+  d1, d2 = resolve_dim(dim1, self.ndim, "diagonal"), resolve_dim(dim2, self.ndim, "diagonal")
+  if d1 == d2: raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {d1}")
+  x = self.permute(*[i for i in range(self.ndim) if i not in (d1, d2)], d1, d2)
+  *pre, r, c = x.shape
+  r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+  d = max(0, min(r - r0, c - c0))
+  x = x.shrink(tuple((0, p) for p in pre) + ((min(r0, r), min(r0, r) + d), (min(c0, c), min(c0, c) + d)))
+  if d == 0: return x.reshape(*pre, 0)
+  # row i of the flattened d*d block read with stride d+1 hits (i, i)
+  x = x.reshape(*pre, d * d).pad(tuple((0, 0) for _ in pre) + ((0, d),)).reshape(*pre, d, d + 1)
+  return x.shrink(tuple((0, p) for p in pre) + ((0, d), (0, 1))).reshape(*pre, d)
+
+
+def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
+  """Windows of `size` every `step` along `dim`: that dim becomes the window count and the windows a new last dim."""
+  dim = resolve_dim(dim, self.ndim, "unfold")
+  n = ints(self.shape, "unfold")[dim] if self.ndim else 1
+  if size < 0 or step <= 0: raise ValueError(f"unfold: size must be >= 0 and step > 0, got size={size}, step={step}")
+  if size > n: raise ShapeError(f"unfold: size {size} is larger than dim {dim} of shape {fmt(self.shape)}")
+  x = self.reshape(1) if self.ndim == 0 else self
+  order = [i for i in range(x.ndim) if i != dim] + [dim]
+  xt = x.permute(*order)
+  if size == 0:  # empty windows: any empty view of the right shape
+    out = xt.shrink(tuple((0, 0) if i == x.ndim - 1 else (0, s) for i, s in enumerate(xt.shape))).reshape(*xt.shape[:-1], n // step + 1, 0)
+  else: out = pool(xt, (size,), step)
+  out = out.permute(*[order.index(i) for i in range(x.ndim)], x.ndim)
+  return out.reshape(size) if self.ndim == 0 else out
+
+
+class IndexingMixin:
+  """Mixed into `Tensor`: indexing methods."""
+
+  __getitem__ = getitem; __setitem__ = setitem; gather = gather; scatter = scatter; scatter_reduce = scatter_reduce
+  masked_select = masked_select; nonzero = nonzero; tril = tril; triu = triu; diag = diag; diagonal = diagonal; unfold = unfold

@@ -1,0 +1,481 @@
+"""Neural-network Tensor methods (activations, convolutions, pooling, normalization, losses, attention, einsum),
+built only from the public Tensor methods so that autograd and the scheduler see ordinary graphs.
+
+Convolutions and pooling are a padded, strided window view (`indexing.pool`: movement ops only) times the weight,
+summed: the scheduler turns the view into index arithmetic, so no im2col buffer is written.
+
+The methods are plain functions taking the tensor first, bound as methods by `NNMixin` at the bottom.
+"""
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+
+from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from plugrad.helpers import argsort, prod
+from plugrad.tensor.helpers import ints
+from plugrad.tensor.indexing import make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
+from plugrad.uop.shape import ShapeError, fmt
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+Reduction = Literal["mean", "sum", "none"]
+
+
+def _reduce(x: Tensor, reduction: str) -> Tensor:
+  if reduction == "none": return x
+  if reduction == "sum": return x.sum()
+  if reduction == "mean": return x.mean()
+  raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _nonpos(x: Tensor) -> Tensor:
+  """min(x, 0) whose gradient is 1 at 0 (the negative branch of elu-like functions is taken at 0)."""
+  return (x > 0).where(0, x)
+
+
+def _axes(axis: int | Sequence[int], ndim: int, op: str) -> tuple[int, ...]:
+  return tuple(resolve_dim(a, ndim, op) for a in ((axis,) if isinstance(axis, int) else axis))
+
+
+# ---------------------------------------------------------------- activations
+
+def relu(self: Tensor) -> Tensor:
+  """max(x, 0), with gradient 0 at 0."""
+  return (self > 0).where(self, 0)
+
+
+def relu6(self: Tensor) -> Tensor: return self.relu() - (self - 6).relu()
+def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
+
+
+def elu(self: Tensor, alpha: float = 1.0) -> Tensor:
+  # exp only of the non-positive part: no overflow (and no inf*0 in the gradient) for large x
+  return (self > 0).where(self, alpha * (_nonpos(self).exp() - 1))
+
+
+def celu(self: Tensor, alpha: float = 1.0) -> Tensor: return (self > 0).where(self, alpha * ((_nonpos(self) / alpha).exp() - 1))
+
+
+def selu(self: Tensor, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
+  return gamma * (self >= 0).where(self, alpha * (_nonpos(self).exp() - 1))
+
+
+def gelu(self: Tensor, approximate: str = "tanh") -> Tensor:
+  """GELU; `approximate='tanh'` (tinygrad's default) or `'none'` (the erf form)."""
+  if approximate == "tanh": return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+  if approximate == "none": return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+  raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
+
+
+def quick_gelu(self: Tensor) -> Tensor: return self * (self * 1.702).sigmoid()
+def silu(self: Tensor) -> Tensor: return self * self.sigmoid()
+def swish(self: Tensor) -> Tensor: return self * self.sigmoid()
+
+
+def sigmoid(self: Tensor) -> Tensor:
+  """1 / (1 + exp(-x)), from exp(-|x|) so that neither the value nor its gradient overflows."""
+  neg = self >= 0
+  e = neg.where(-self, self).exp()  # exp(-|x|) in (0, 1]
+  r = 1 / (1 + e)
+  return neg.where(r, e * r)
+
+
+def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+  y = alpha * self + beta
+  return y.relu() - (y - 1).relu()
+
+
+def logsigmoid(self: Tensor) -> Tensor: return -(-self).softplus()
+def hardswish(self: Tensor) -> Tensor: return self * (self + 3).relu6() * (1 / 6)
+def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor: return self.clip(min_val, max_val)
+
+
+def softplus(self: Tensor, beta: float = 1.0) -> Tensor:
+  """log(1 + exp(beta*x)) / beta, as max(y, 0) + log(1 + exp(-|y|)): stable for large |y|."""
+  y = self * beta
+  pos = y >= 0
+  return (pos.where(y, 0) + (1 + pos.where(-y, y).exp()).log()) * (1 / beta)
+
+
+def softsign(self: Tensor) -> Tensor: return self / (1 + self.abs())
+def mish(self: Tensor) -> Tensor: return self * self.softplus().tanh()
+
+
+def _shifted(self: Tensor, axis: int, dtype: DTypeLike | None) -> Tensor:
+  resolve_dim(axis, self.ndim, "softmax")
+  x = self if dtypes.is_float(self.dtype) else self.cast(least_upper_float(self.dtype))
+  m = x - x.max(axis, keepdim=True).detach()  # the shift cancels in the result: no gradient through it
+  return m.cast(to_dtype(dtype)) if dtype is not None else m
+
+
+def softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
+  e = _shifted(self, axis, dtype).exp()
+  return e / e.sum(axis, keepdim=True)
+
+
+def softmin(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor: return (-self).softmax(axis, dtype)
+
+
+def log_softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
+  m = _shifted(self, axis, dtype)
+  return m - m.exp().sum(axis, keepdim=True).log()
+
+
+def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+  """self / max(||self||_p over dim, eps)."""
+  resolve_dim(dim, self.ndim, "normalize")
+  norm = self.ne(0).sum(dim, keepdim=True) if p == 0 else self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
+  return self / norm.maximum(eps)
+
+
+# ---------------------------------------------------------------- convolution and pooling
+
+def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: int | Sequence[int] = 1,
+           dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, dtype: DTypeLike | None = None) -> Tensor:
+  """Convolution of (N, Cin, *spatial) with weight (Cout, Cin/groups, *kernel), any number of spatial dims.
+  `padding`: an int, one int per spatial dim, or 2 per dim in F.pad order (last dim first); negative cuts."""
+  if weight.ndim < 3 or self.ndim != weight.ndim:
+    raise ShapeError(f"conv2d: input {fmt(self.shape)} and weight {fmt(weight.shape)} must be (N, C, *spatial) and (Cout, C/groups, *kernel)")
+  (bs, cin_), (cout, cin), HW = self.shape[:2], weight.shape[:2], ints(weight.shape[2:], "conv2d")
+  if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv2d: groups must be a positive int, got {groups!r}")
+  if cin * groups != cin_ or cout % groups:
+    raise ShapeError(f"conv2d: input {fmt(self.shape)} has {cin_} channels but weight {fmt(weight.shape)} with groups={groups} "
+                     f"needs {cin * groups} (and Cout divisible by groups)")
+  if bias is not None and bias.shape != (cout,):
+    raise ShapeError(f"conv2d: bias {fmt(bias.shape)} must be ({cout},) for weight {fmt(weight.shape)}")
+  nk = len(HW)
+  x = pool(pad_constant(self, pad_pairs(padding, nk)), HW, stride, dilation)  # (bs, cin_, *o, *k)
+  oyx, rcout = x.shape[2:2 + nk], cout // groups
+  x = x.reshape(bs, groups, 1, cin, *oyx, *HW)
+  w = weight.reshape(1, groups, rcout, cin, *(1,) * nk, *HW)
+  ret = (x * w).sum((3, *range(4 + nk, 4 + 2 * nk)), dtype=dtype).reshape(bs, cout, *oyx)
+  return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * nk)
+
+
+def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: int | Sequence[int] = 1,
+                     dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Tensor:
+  """Transposed convolution of (N, Cin, *spatial) with weight (Cin, Cout/groups, *kernel): a conv2d of the
+  zero-interleaved input with the flipped, transposed weight."""
+  if weight.ndim < 3 or self.ndim != weight.ndim:
+    raise ShapeError(f"conv_transpose2d: input {fmt(self.shape)} and weight {fmt(weight.shape)} must be (N, Cin, *spatial) "
+                     "and (Cin, Cout/groups, *kernel)")
+  HW, nk = ints(weight.shape[2:], "conv_transpose2d"), weight.ndim - 2
+  if not isinstance(groups, int) or groups < 1 or weight.shape[0] % groups:
+    raise ValueError(f"conv_transpose2d: groups={groups!r} must be a positive int dividing weight's {weight.shape[0]} input channels")
+  if self.shape[1] != weight.shape[0]:
+    raise ShapeError(f"conv_transpose2d: input {fmt(self.shape)} has {self.shape[1]} channels, "
+                     f"weight {fmt(weight.shape)} expects {weight.shape[0]}")
+  s_, d_, op_ = (make_tuple(v, nk, n) for v, n in ((stride, "stride"), (dilation, "dilation"), (output_padding, "output_padding")))
+  if any(o >= max(s, d) or o < 0 for o, s, d in zip(op_, s_, d_)):
+    raise ValueError(f"conv_transpose2d: output_padding {op_} must be >= 0 and smaller than stride {s_} or dilation {d_}")
+  w = weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:]).transpose(1, 2).flip(tuple(range(3, 3 + nk)))
+  w = w.reshape(groups * weight.shape[1], weight.shape[0] // groups, *HW)
+  x = self
+  if any(s > 1 for s in s_):  # put s-1 zeros between input elements
+    (bs, c), sp = x.shape[:2], x.shape[2:]
+    x = x.reshape(bs, c, *[v for n in sp for v in (n, 1)]).pad(((0, 0), (0, 0)) + tuple(p for s in s_ for p in ((0, 0), (0, s - 1))))
+    x = x.reshape(bs, c, *[n * s for n, s in zip(sp, s_)]).shrink(((0, bs), (0, c)) + tuple((0, (n - 1) * s + 1) for n, s in zip(sp, s_)))
+  pads = [((k - 1) * d - b, (k - 1) * d - a + o) for k, d, (b, a), o in zip(HW, d_, pad_pairs(padding, nk), op_)]
+  return x.conv2d(w, bias, groups=groups, dilation=d_, padding=[p for pair in pads[::-1] for p in pair])
+
+
+def _pool_setup(self: Tensor, kernel_size: int | Sequence[int], stride: Any, dilation: Any, padding: Any, ceil_mode: bool,
+                op: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...], list[tuple[int, int]]]:
+  k_ = make_tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
+  nk = len(k_)
+  if self.ndim < nk: raise ShapeError(f"{op}: input {fmt(self.shape)} has fewer dims than the kernel {k_}")
+  s_ = k_ if stride is None else make_tuple(stride, nk, "stride")
+  d_ = make_tuple(dilation, nk, "dilation")
+  reg = pad_pairs(padding, nk)
+  if any(2 * max(b, a) > k for (b, a), k in zip(reg, k_)):
+    raise ValueError(f"{op}: padding {padding} must be at most half the kernel size {k_}")
+  pads = list(reg)
+  if ceil_mode:  # extra padding after, so that a last partial window (starting inside input or left padding) counts
+    for j, (i, k, s, d, (b, a)) in enumerate(zip(ints(self.shape[-nk:], op), k_, s_, d_, reg)):
+      span = i + b + a - d * (k - 1) - 1
+      o = -(-span // s) + 1
+      if (o - 1) * s >= i + b: o -= 1
+      pads[j] = (b, a + max(0, (o - 1) * s + d * (k - 1) + 1 - (i + b + a)))
+  return k_, s_, d_, reg, pads
+
+
+def avg_pool2d(self: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: Any = None, dilation: Any = 1,
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+  """Average over windows of the last len(kernel_size) dims. The divisor counts zero padding when
+  `count_include_pad`, never the extra positions ceil_mode adds (as in PyTorch)."""
+  from plugrad.tensor.tensor import Tensor
+  k_, s_, d_, reg, pads = _pool_setup(self, kernel_size, stride, dilation, padding, ceil_mode, "avg_pool2d")
+  axes = tuple(range(-len(k_), 0))
+  total = pool(pad_constant(self, pads), k_, s_, d_).sum(axes)
+  if count_include_pad and pads == list(reg): return total / prod(k_)
+  ones = Tensor.ones(self.shape[-len(k_):], dtype=dtypes.float32, device=self.device, buffer=False)
+  if count_include_pad:  # the regular padding counts, the ceil_mode extension does not
+    ones, pads = pad_constant(ones, reg, 1.0), [(0, a - ra) for (_, a), (_, ra) in zip(pads, reg)]
+  count = pool(pad_constant(ones, pads), k_, s_, d_).sum(axes)
+  return total / count.cast(total.dtype) if dtypes.is_float(total.dtype) else total / count
+
+
+def max_pool2d(self: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: Any = None, dilation: Any = 1,
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+  """Max over windows of the last len(kernel_size) dims; with `return_indices`, also the flat index (int32) of
+  the first maximum of each window within the spatial dims (what max_unpool2d takes)."""
+  from plugrad.tensor.tensor import Tensor
+  k_, s_, d_, _, pads = _pool_setup(self, kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
+  axes = tuple(range(-len(k_), 0))
+  windows = pool(pad_constant(self, pads, dtypes.min(self.dtype)), k_, s_, d_)
+  out = windows.max(axes)
+  if not return_indices: return out
+  sp = self.shape[-len(k_):]
+  n = prod(sp)
+  # n - flat index, so that the largest value marks the first maximum; padding gets 0 (never chosen)
+  rev = pool(pad_constant(Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(sp), pads, 0), k_, s_, d_)
+  hit = windows.eq(out.reshape(*out.shape, *(1,) * len(k_)))
+  return out, (n - hit.where(rev, 0).max(axes)).detach()
+
+
+def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: Any = None, dilation: Any = 1,
+                 padding: int | Sequence[int] = 0, output_size: Sequence[int] | None = None) -> Tensor:
+  """Scatter pooled values back to the positions max_pool2d's `indices` name; everything else is 0."""
+  k_ = make_tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
+  nk = len(k_)
+  if self.shape != indices.shape: raise ShapeError(f"max_unpool2d: values {fmt(self.shape)} and indices {fmt(indices.shape)} differ")
+  if self.ndim < nk: raise ShapeError(f"max_unpool2d: input {fmt(self.shape)} has fewer dims than the kernel {k_}")
+  pre, sp = self.shape[:-nk], self.shape[-nk:]
+  if output_size is None:
+    s_ = k_ if stride is None else make_tuple(stride, nk, "stride")
+    d_ = make_tuple(dilation, nk, "dilation")
+    out_sp = tuple((i - 1) * s - b - a + d * (k - 1) + 1 for i, k, s, d, (b, a) in zip(sp, k_, s_, d_, pad_pairs(padding, nk)))
+  else: out_sp = tuple(output_size)[-nk:]
+  n_in, n_out = prod(sp), prod(out_sp)
+  hit = one_hot_last(indices.reshape(*pre, n_in), n_out).transpose(-1, -2)  # (*pre, n_out, n_in)
+  return hit.where(self.reshape(*pre, 1, n_in), 0).sum(-1, dtype=self.dtype).reshape(*pre, *out_sp)
+
+
+# ---------------------------------------------------------------- normalization, dropout, attention
+
+def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+              axis: int | tuple[int, ...] = 1) -> Tensor:
+  """(x - mean) * weight * invstd + bias, the per-channel tensors laid along `axis`."""
+  ax = _axes(axis, self.ndim, "batchnorm")
+  shape = tuple(s if d in ax else 1 for d, s in enumerate(self.shape))
+  per = tuple(self.shape[d] for d in ax)
+  for name, t in (("weight", weight), ("bias", bias), ("mean", mean)):
+    if t is not None and t.shape != per and prod(t.shape) != prod(per):
+      raise ShapeError(f"batchnorm: {name} {fmt(t.shape)} does not match the {per} channels of input {fmt(self.shape)} along axis {ax}")
+  x = self - mean.reshape(shape)
+  if weight is not None: x = x * weight.reshape(shape)
+  x = x * (invstd.reshape(shape) if invstd.ndim == len(ax) else invstd)
+  return x + bias.reshape(shape) if bias is not None else x
+
+
+def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Tensor:
+  """(x - mean) / sqrt(var + eps) over `axis` (no affine part; nn.LayerNorm adds it)."""
+  ax = _axes(axis, self.ndim, "layernorm")
+  y = self - self.mean(ax, keepdim=True)
+  return y * (y * y).mean(ax, keepdim=True).add(eps).rsqrt()
+
+
+def dropout(self: Tensor, p: float = 0.5) -> Tensor:
+  """In training mode (`Tensor.training`), zero each element with probability p and scale the rest by 1/(1-p)."""
+  from plugrad.tensor.tensor import Tensor
+  if not 0 <= p <= 1: raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+  if not type(self).training or p == 0: return self
+  if p == 1: return self * 0
+  keep = Tensor.rand(self.shape, device=self.device) >= p
+  return keep.where(self, 0) * (1 / (1 - p))
+
+
+def one_hot(self: Tensor, num_classes: int) -> Tensor:
+  """int32 one-hot vectors along a new last dim."""
+  if not dtypes.is_int(self.dtype): raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
+  if not isinstance(num_classes, int) or num_classes < 0: raise ValueError(f"one_hot: num_classes must be an int >= 0, got {num_classes!r}")
+  return one_hot_last(self, num_classes).where(1, 0)
+
+
+def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+  """softmax(q @ k^T / sqrt(d) + mask) @ v; a bool mask keeps where True. `enable_gqa` repeats k/v heads (dim -3)."""
+  if self.ndim < 2 or key.ndim < 2 or value.ndim < 2 or self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+    raise ShapeError(f"scaled_dot_product_attention: query {fmt(self.shape)}, key {fmt(key.shape)} and value {fmt(value.shape)} "
+                     "must be (..., L, E), (..., S, E) and (..., S, Ev)")
+  E = ints(self.shape, "scaled_dot_product_attention")[-1]
+  if enable_gqa:
+    if self.ndim < 3 or self.shape[-3] % key.shape[-3] or self.shape[-3] % value.shape[-3]:
+      raise ShapeError(f"scaled_dot_product_attention: query heads {fmt(self.shape)} must be a multiple of key/value heads {fmt(key.shape)}")
+    heads = ints(self.shape[-3:-2] + key.shape[-3:-2] + value.shape[-3:-2], "scaled_dot_product_attention")
+    key, value = key.repeat_interleave(heads[0] // heads[1], dim=-3), value.repeat_interleave(heads[0] // heads[2], dim=-3)
+  qk = self.matmul(key.transpose(-2, -1), dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) * (1 / math.sqrt(E))
+  if is_causal:
+    if attn_mask is not None: raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
+    from plugrad.tensor.tensor import Tensor
+    attn_mask = Tensor.ones(qk.shape[-2:], dtype=dtypes.bool, device=self.device, buffer=False).tril()
+  if attn_mask is not None: qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
+  return qk.cast(self.dtype).softmax(-1).dropout(dropout_p) @ value
+
+
+# ---------------------------------------------------------------- losses
+
+def binary_crossentropy(self: Tensor, Y: Tensor, reduction: Reduction = "mean") -> Tensor:
+  """BCE of probabilities `self` against targets Y; the logs are clamped at -100 as in PyTorch."""
+  if self.shape != Y.shape: raise ShapeError(f"binary_crossentropy: input {fmt(self.shape)} and target {fmt(Y.shape)} differ")
+  return _reduce(-(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100)), reduction)
+
+
+def binary_crossentropy_logits(self: Tensor, Y: Tensor, reduction: Reduction = "mean", pos_weight: Tensor | None = None) -> Tensor:
+  """BCE of logits `self` against targets Y (stable: through logsigmoid)."""
+  if self.shape != Y.shape: raise ShapeError(f"binary_crossentropy_logits: input {fmt(self.shape)} and target {fmt(Y.shape)} differ")
+  pos = Y * self.logsigmoid() if pos_weight is None else pos_weight * Y * self.logsigmoid()
+  return _reduce(-(pos + (1 - Y) * (-self).logsigmoid()), reduction)
+
+
+def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
+                                    reduction: Reduction = "mean") -> Tensor:
+  """Cross entropy of logits (..., C) (classes LAST, unlike PyTorch) against int labels (...). Labels equal to
+  `ignore_index` add nothing and are not counted in the mean."""
+  if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+  if self.ndim < 1 or self.shape[:-1] != Y.shape:
+    raise ShapeError(f"sparse_categorical_crossentropy: logits {fmt(self.shape)} need labels of shape {fmt(self.shape[:-1])}, got {fmt(Y.shape)}")
+  if not dtypes.is_int(Y.dtype): raise TypeError(f"sparse_categorical_crossentropy: labels must be integers, got {Y.dtype}")
+  logp = self.log_softmax(-1)
+  keep = Y.ne(ignore_index)
+  picked = one_hot_last(Y, ints(self.shape, "sparse_categorical_crossentropy")[-1]).where(logp, 0).sum(-1)
+  loss = -keep.where((1 - label_smoothing) * picked + label_smoothing * logp.mean(-1), 0)
+  return loss.sum() / keep.sum() if reduction == "mean" else _reduce(loss, reduction)
+
+
+def cross_entropy(self: Tensor, Y: Tensor, reduction: Reduction = "mean", label_smoothing: float = 0.0) -> Tensor:
+  """Cross entropy of logits (N, C, ...) (or (C,)) against class indices (N, ...) or class probabilities (self's shape)."""
+  if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+  if self.ndim == 0: raise ShapeError("cross_entropy needs logits with a class dim, got a 0-d tensor")
+  cd = 0 if self.ndim == 1 else 1
+  C = ints(self.shape, "cross_entropy")[cd]
+  if self.shape != Y.shape:
+    if self.shape[:cd] + self.shape[cd + 1:] != Y.shape:
+      raise ShapeError(f"cross_entropy: logits {fmt(self.shape)} need targets of shape {fmt(self.shape)} (probabilities) "
+                       f"or {fmt(self.shape[:cd] + self.shape[cd + 1:])} (class indices), got {fmt(Y.shape)}")
+    if not dtypes.is_int(Y.dtype): raise TypeError(f"cross_entropy: class-index targets must be integers, got {Y.dtype}")
+    Y = one_hot_last(Y, C).where(1.0, 0.0)
+    if dtypes.is_float(self.dtype): Y = Y.cast(self.dtype)
+    if cd != Y.ndim - 1: Y = Y.permute(0, Y.ndim - 1, *range(1, Y.ndim - 1))
+  Y = Y * (1 - label_smoothing) + label_smoothing / C
+  return _reduce(-(self.log_softmax(cd) * Y).sum(cd), reduction)
+
+
+def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None, reduction: Reduction = "mean") -> Tensor:
+  """Negative log likelihood of log-probabilities (N, C, ...) (or (C,)) at int labels (N, ...); `weight` per class."""
+  if self.ndim == 0: raise ShapeError("nll_loss needs log-probabilities with a class dim, got a 0-d tensor")
+  cd = 0 if self.ndim == 1 else 1
+  C = ints(self.shape, "nll_loss")[cd]
+  if self.shape[:cd] + self.shape[cd + 1:] != Y.shape:
+    raise ShapeError(f"nll_loss: input {fmt(self.shape)} needs targets of shape {fmt(self.shape[:cd] + self.shape[cd + 1:])}, got {fmt(Y.shape)}")
+  if not dtypes.is_int(Y.dtype): raise TypeError(f"nll_loss: targets must be integers, got {Y.dtype}")
+  if weight is not None and weight.shape != (C,): raise ShapeError(f"nll_loss: weight {fmt(weight.shape)} must be ({C},)")
+  hot = one_hot_last(Y, C)  # (N, ..., C)
+  x = self if cd == self.ndim - 1 else self.permute(0, *range(2, self.ndim), 1)
+  w = hot.where(1.0, 0.0) if weight is None else hot.where(weight, 0)
+  if ignore_index is not None: w = Y.ne(ignore_index).unsqueeze(-1).where(w, 0)
+  nll = -(hot.where(x, 0) * w).sum(-1)
+  return nll.sum() / w.sum() if reduction == "mean" else _reduce(nll, reduction)
+
+
+# ---------------------------------------------------------------- interpolate, einsum
+
+def _interp_matrix(n_in: int, n_out: int, mode: str, align_corners: bool) -> np.ndarray:
+  """The (n_out, n_in) weights that resample one dim, with PyTorch's source coordinates (float32, as it computes them)."""
+  W = np.zeros((n_out, n_in), dtype=np.float32)
+  o = np.arange(n_out, dtype=np.float32)
+  if mode == "linear":
+    if align_corners: src = o * np.float32((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros_like(o)
+    else: src = np.maximum((o + np.float32(0.5)) * np.float32(n_in / n_out) - np.float32(0.5), 0)
+    lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    hi = np.minimum(lo + 1, n_in - 1)
+    frac = (src - lo).astype(np.float32)
+    np.add.at(W, (np.arange(n_out), lo), 1 - frac)
+    np.add.at(W, (np.arange(n_out), hi), frac)
+  else:
+    scale = np.float32(n_in / n_out)
+    src = np.floor((o + np.float32(0.5)) * scale if mode == "nearest-exact" else o * scale).astype(np.int64)
+    W[np.arange(n_out), np.minimum(src, n_in - 1)] = 1
+  return W
+
+
+def interpolate(self: Tensor, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
+  """Resize the last len(size) dims. Modes: 'linear' (bi/trilinear with more dims), 'nearest', 'nearest-exact'.
+  Each dim is a contraction with a small (out, in) weight matrix computed on the host."""
+  from plugrad.tensor.tensor import Tensor
+  if not isinstance(size, (tuple, list)) or not size or len(size) > self.ndim or not all(isinstance(s, int) and s > 0 for s in size):
+    raise ValueError(f"interpolate: size must be 1..{self.ndim} positive ints, got {size!r}")
+  if mode not in ("linear", "nearest", "nearest-exact"):
+    raise ValueError(f"interpolate: mode must be 'linear', 'nearest' or 'nearest-exact', got {mode!r}")
+  if align_corners and mode != "linear": raise ValueError("interpolate: align_corners only applies to mode='linear'")
+  x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
+  for i, out in zip(range(self.ndim - len(size), self.ndim), size):
+    W = Tensor(_interp_matrix(ints(self.shape, "interpolate")[i], out, mode, align_corners), device=self.device).cast(x.dtype)  # (out, in)
+    x = x.transpose(i, -1).unsqueeze(-2)                       # (..., 1, in)
+    x = (x * W).sum(-1).transpose(i, -1)
+  return x.cast(self.dtype)
+
+
+def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike | None = None) -> Tensor:
+  """Einstein summation: `Tensor.einsum("ij,jk->ik", a, b)`; '...' and repeated letters (diagonals) work, an
+  implicit output is the sorted letters that appear once."""
+  xs: list[Tensor] = [t for o in operands for t in (o if isinstance(o, (list, tuple)) else (o,))]
+  formula = formula.replace(" ", "")
+  lhs, arrow, rhs = formula.partition("->")
+  inputs = lhs.split(",")
+  if len(inputs) != len(xs): raise ValueError(f"einsum: '{formula}' has {len(inputs)} operands, got {len(xs)}")
+  if any(c not in string.ascii_letters + "." for c in lhs.replace(",", "") + rhs): raise ValueError(f"einsum: bad formula '{formula}'")
+  free = [c for c in string.ascii_letters if c not in formula]
+  ell_n = 0
+  for j, (s, x) in enumerate(zip(inputs, xs)):
+    if "..." in s:
+      n = x.ndim - (len(s) - 3)
+      if n < 0: raise ShapeError(f"einsum: operand {j} {fmt(x.shape)} has fewer dims than '{s}'")
+      ell_n = max(ell_n, n)
+  ell = "".join(free[:ell_n])
+  inputs = [s.replace("...", ell[ell_n - (x.ndim - len(s) + 3):] if "..." in s else "") for s, x in zip(inputs, xs)]
+  if not arrow: rhs = ell + "".join(sorted(c for c in set("".join(inputs)) if "".join(inputs).count(c) == 1 and c not in ell))
+  else: rhs = rhs.replace("...", ell)
+  sizes: dict[str, int] = {}
+  for j, (s, x) in enumerate(zip(inputs, xs)):
+    if len(s) != x.ndim: raise ShapeError(f"einsum: operand {j} {fmt(x.shape)} does not have the {len(s)} dims of '{s}'")
+    for c in set(s):  # a repeated letter within an operand takes its diagonal
+      while s.count(c) > 1:
+        a, b = s.index(c), s.index(c, s.index(c) + 1)
+        if x.shape[a] != x.shape[b]:
+          raise ShapeError(f"einsum: repeated '{c}' of operand {j} {fmt(x.shape)} has sizes {x.shape[a]} and {x.shape[b]}")
+        x, s = x.diagonal(0, a, b), s[:a] + s[a + 1:b] + s[b + 1:] + c
+    xs[j], inputs[j] = x, s
+    for c, n in zip(s, ints(x.shape, "einsum")):
+      if sizes.setdefault(c, n) != n and 1 not in (sizes[c], n):
+        raise ShapeError(f"einsum: '{c}' has size {sizes[c]} in one operand and {n} in operand {j} {fmt(x.shape)}")
+      sizes[c] = max(sizes[c], n)
+  if len(set(rhs)) != len(rhs) or any(c not in sizes for c in rhs): raise ValueError(f"einsum: bad output '{rhs}' in '{formula}'")
+  alpha = sorted(sizes)
+  aligned = [x.permute(tuple(argsort(list(s)))).reshape(tuple(x.shape[s.index(c)] if c in s else 1 for c in alpha)) for s, x in zip(inputs, xs)]
+  prod_ = aligned[0]
+  for t in aligned[1:]: prod_ = prod_ * t
+  red = tuple(i for i, c in enumerate(alpha) if c not in rhs)
+  out = prod_.sum(red, dtype=dtype) if red else prod_ if dtype is None else prod_.cast(to_dtype(dtype))
+  kept = [c for c in alpha if c in rhs]
+  return out.permute(tuple(kept.index(c) for c in rhs))
+
+
+class NNMixin:
+  """Mixed into `Tensor`: the nn-level methods."""
+  training: ClassVar[bool] = False  # `Tensor.training = True` turns dropout on (nn layers and optimizers set it)
+
+  relu = relu; relu6 = relu6; leaky_relu = leaky_relu; elu = elu; celu = celu; selu = selu; gelu = gelu; quick_gelu = quick_gelu; silu = silu
+  swish = swish; sigmoid = sigmoid; hardsigmoid = hardsigmoid; logsigmoid = logsigmoid; hardswish = hardswish; hardtanh = hardtanh
+  softplus = softplus; softsign = softsign; mish = mish; softmax = softmax; softmin = softmin; log_softmax = log_softmax; normalize = normalize
+  conv2d = conv2d; conv_transpose2d = conv_transpose2d; avg_pool2d = avg_pool2d; max_pool2d = max_pool2d; max_unpool2d = max_unpool2d
+  batchnorm = batchnorm; layernorm = layernorm; dropout = dropout; one_hot = one_hot; scaled_dot_product_attention = scaled_dot_product_attention
+  binary_crossentropy = binary_crossentropy; binary_crossentropy_logits = binary_crossentropy_logits
+  sparse_categorical_crossentropy = sparse_categorical_crossentropy; cross_entropy = cross_entropy; nll_loss = nll_loss; interpolate = interpolate
+  einsum = staticmethod(einsum)

@@ -1,0 +1,146 @@
+"""Random tensors from counter-based random bits: element i of a draw is THREEFRY(offset + i, key), computed by a
+kernel on the device. `Tensor.manual_seed(s)` sets the key and restarts every device's offset at 0; each draw then
+advances its device's offset by the number of elements it used, so the stream of one device does not depend on what
+was drawn on another, and the same seed gives the same numbers on every device."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from plugrad.helpers import prod
+from plugrad.tensor.creation import canonical_device
+from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
+from plugrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+_U64 = dtypes.uint64
+
+
+class _RNG:
+  seed: int = 0
+  offsets: dict[str, int] = {}
+
+
+def manual_seed(seed: int = 0) -> None:
+  """Restart the random streams of all devices from `seed`."""
+  if not isinstance(seed, int): raise TypeError(f"manual_seed needs an int seed, got {type(seed).__name__}")
+  _RNG.seed, _RNG.offsets = seed & (2**64 - 1), {}
+
+
+def random_bits(n: int, device: str) -> UOp:
+  """`n` uint64 words of random bits on `device`, the next `n` of its stream."""
+  offset = _RNG.offsets.get(device, 0)
+  _RNG.offsets[device] = offset + n
+  index = iota(n, device, dtypes.int64 if n > dtypes.max(dtypes.int32) else dtypes.int32)
+  counter = index.cast(_U64).alu(Ops.ADD, const_uop(offset, _U64, device, (n,)))
+  return counter.alu(Ops.THREEFRY, const_uop(_RNG.seed, _U64, device, (n,)))
+
+
+def _uniform_bits(bits: UOp, dt: DType) -> UOp:
+  """[0, 1) of dtype `dt` from random words: the top m bits as k * 2^-m, m = the dtype's significand bits, so every
+  value is exact in `dt` and 1.0 is never produced (rounding a wider float down to half could give 1.0)."""
+  m = dtypes.finfo(dt)[1] + 1
+  work = dtypes.float64 if dt is dtypes.float64 else dtypes.float32
+  shape = bits.shape or ()
+  k = bits.alu(Ops.SHR, const_uop(64 - m, _U64, bits.tensor_device, shape)).cast(work)
+  return k.alu(Ops.MUL, const_uop(2.0 ** -m, work, bits.tensor_device, shape)).cast(dt)
+
+
+def _draw(kind: str, shape: Any, dtype: DTypeLike | None, default: DType) -> tuple[tuple[int, ...], DType]:
+  shp = check_shape(argfix(*shape), kind)
+  dt = to_dtype(dtype) if dtype is not None else default
+  return shp, dt
+
+
+def _done(t: Tensor, contiguous: bool, requires_grad: bool | None) -> Tensor:
+  t = t.contiguous() if contiguous else t
+  t.requires_grad = requires_grad
+  return t
+
+
+def rand(cls: type[Tensor], *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, contiguous: bool = True,
+         requires_grad: bool | None = None) -> Tensor:
+  """Uniform in [0, 1)."""
+  shp, dt = _draw("rand", shape, dtype, dtypes.default_float)
+  if not dtypes.is_float(dt): raise TypeError(f"rand makes floats; got dtype {dt} (use randint for integers)")
+  dev = canonical_device(device)
+  return _done(cls._wrap(_uniform_bits(random_bits(prod(shp), dev), dt)).reshape(shp), contiguous, requires_grad)
+
+
+def randn(cls: type[Tensor], *shape: Any, dtype: DTypeLike | None = None, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+  """Standard normal, by the Box-Muller transform of two uniform draws."""
+  shp, dt = _draw("randn", shape, dtype, dtypes.default_float)
+  if not dtypes.is_float(dt): raise TypeError(f"randn makes floats; got dtype {dt}")
+  work = dtypes.float64 if dt is dtypes.float64 else dtypes.float32
+  u1, u2 = (u.reshape(shp) for u in cls.rand(2, *shp, dtype=work, contiguous=False, **kwargs).split(1))
+  r = ((1 - u1).log() * -2).sqrt()  # 1 - u is in (0, 1]: no log(0)
+  return _done((r * (u2 * (2 * math.pi)).cos()).cast(dt), True, requires_grad)
+
+
+def randint(cls: type[Tensor], *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, device: str | None = None,
+            requires_grad: bool | None = None) -> Tensor:
+  """Uniform integers in [low, high)."""
+  shp, dt = _draw("randint", shape, dtype, dtypes.int32)
+  if not isinstance(low, int) or not isinstance(high, int) or low >= high:
+    raise ValueError(f"randint needs int bounds low < high, got {low!r}, {high!r}")
+  if not dtypes.is_int(dt): raise TypeError(f"randint makes integers; got dtype {dt}")
+  dev = canonical_device(device)
+  n = prod(shp)
+  bits = random_bits(n, dev).alu(Ops.MOD, const_uop(high - low, _U64, dev, (n,)))  # the bias is at most (high-low) / 2^64
+  ret = cls._wrap(bits.cast(dtypes.int64).alu(Ops.ADD, const_uop(low, dtypes.int64, dev, (n,))).cast(dt)).reshape(shp)
+  return _done(ret, True, requires_grad)
+
+
+def uniform(cls: type[Tensor], *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None,
+            requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+  dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+  work = dt if dtypes.is_float(dt) else dtypes.default_float
+  return _done((cls.rand(*shape, dtype=work, contiguous=False, **kwargs) * (high - low) + low).cast(dt), True, requires_grad)
+
+
+def normal(cls: type[Tensor], *shape: Any, mean: float = 0.0, std: float = 1.0, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+  return _done(cls.randn(*shape, **kwargs) * std + mean, True, requires_grad)
+
+
+def _fan(shape: tuple[Any, ...]) -> tuple[int, int]:
+  shp = argfix(*shape)
+  if not shp: raise ValueError("an initializer needs a shape with at least one dimension")
+  return shp[0], prod(shp[1:])
+
+
+def scaled_uniform(cls: type[Tensor], *shape: Any, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+  """Uniform in [-1, 1) scaled by 1/sqrt(numel)."""
+  scale = prod(argfix(*shape)) ** -0.5 if prod(argfix(*shape)) else 0.0
+  return _done(cls.uniform(*shape, low=-1.0, high=1.0, **kwargs) * scale, True, requires_grad)
+
+
+def glorot_uniform(cls: type[Tensor], *shape: Any, **kwargs: Any) -> Tensor:
+  """Glorot/Xavier: uniform in ±sqrt(6 / (fan_out + fan_in)) with fan_out = shape[0], fan_in = prod(shape[1:])."""
+  out, fan_in = _fan(shape)
+  bound = math.sqrt(6 / (out + fan_in)) if out + fan_in else 0.0
+  return cls.uniform(*shape, low=-bound, high=bound, **kwargs)
+
+
+def kaiming_uniform(cls: type[Tensor], *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+  """He initialization for leaky ReLU slope `a`: uniform in ±sqrt(6 / ((1 + a^2) fan_in))."""
+  _, fan_in = _fan(shape)
+  bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a**2)) / math.sqrt(fan_in) if fan_in else 0.0
+  return cls.uniform(*shape, low=-bound, high=bound, **kwargs)
+
+
+def kaiming_normal(cls: type[Tensor], *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+  """He initialization for leaky ReLU slope `a`: normal with std sqrt(2 / ((1 + a^2) fan_in))."""
+  _, fan_in = _fan(shape)
+  std = math.sqrt(2.0 / (1 + a**2)) / math.sqrt(fan_in) if fan_in else 0.0
+  return cls.normal(*shape, mean=0.0, std=std, **kwargs)
+
+
+def rand_like(self: Tensor, **kwargs: Any) -> Tensor:
+  return type(self).rand(*self.shape, **{"dtype": self.dtype, "device": self.device, **kwargs})
+
+
+def randn_like(self: Tensor, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+  return type(self).randn(*self.shape, dtype=dtype if dtype is not None else self.dtype, **{"device": self.device, **kwargs})

@@ -1,0 +1,138 @@
+"""Reductions and matrix products. Every reduction is one REDUCE_AXIS (ADD, MUL or MAX) plus elementwise ops; the
+result dtypes follow tinygrad: sums of small ints and bools accumulate in `sum_acc_dtype`, half floats accumulate in
+float32 and come back as half, means and variances of integers are floats, argmax/argmin give int32."""
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
+from plugrad.helpers import prod
+from plugrad.tensor.helpers import broadcast_shape, const_uop, ints, iota, resolve_dims
+from plugrad.uop.ops import Ops
+from plugrad.uop.shape import ShapeError, fmt
+
+if TYPE_CHECKING:
+  from plugrad.tensor.tensor import Tensor
+
+Axis = int | Sequence[int] | None
+
+
+def _axes(self: Tensor, axis: Axis, what: str) -> tuple[int, ...]:
+  if axis is None: return tuple(range(self.ndim))
+  axes = resolve_dims(self.shape, (axis,) if isinstance(axis, int) else tuple(axis), what)
+  return axes if self.ndim else ()
+
+
+def _reduce(self: Tensor, op: Ops, axis: Axis, keepdim: bool, what: str) -> Tensor:
+  axes = _axes(self, axis, what)
+  kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+  if builtins.any(self.shape[a] == 0 for a in axes):  # an empty reduction is the op's identity
+    identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(self.dtype)}[op]
+    ret = self._wrap(const_uop(identity, self.dtype, self.device, kept))
+  else: ret = self._wrap(self.uop.reduce_axis(op, axes))
+  return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+
+def _count(self: Tensor, axis: Axis) -> int:
+  return prod(self.shape[a] for a in _axes(self, axis, "count"))
+
+
+def sum(self: Tensor, axis: Axis = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
+  acc = sum_acc_dtype(self.dtype) if dtype is None else to_dtype(dtype)
+  ret = _reduce(self.cast(acc), Ops.ADD, axis, keepdim, "sum")
+  return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+
+
+def prod_(self: Tensor, axis: Axis = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
+  x = self if dtype is None else self.cast(to_dtype(dtype))
+  if x.dtype is dtypes.bool: return x.all(axis, keepdim)
+  return _reduce(x, Ops.MUL, axis, keepdim, "prod")
+
+
+def max(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor: return _reduce(self, Ops.MAX, axis, keepdim, "max")
+
+
+def min(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor:
+  # min(x) = -max(-x) for floats, ~max(~x) for integers (~ is order-reversing and cannot overflow), likewise for bools
+  if dtypes.is_float(self.dtype): return -((-self).max(axis, keepdim))
+  return self.bitwise_not().max(axis, keepdim).bitwise_not()
+
+
+def any(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor: return self.cast(dtypes.bool).max(axis, keepdim)
+def all(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
+
+
+def mean(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor:
+  out = least_upper_float(self.dtype)
+  return (self.cast(sum_acc_dtype(out)).sum(axis, keepdim) / _count(self, axis)).cast(out)
+
+
+def var(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
+  out = least_upper_float(self.dtype)
+  x = self.cast(sum_acc_dtype(out))
+  dev = x - x.mean(axis, keepdim=True)
+  return ((dev * dev).sum(axis, keepdim) / (_count(self, axis) - correction if _count(self, axis) > correction else 0)).cast(out)
+
+
+def std(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
+  return self.var(axis, keepdim, correction).sqrt()
+
+
+def std_mean(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
+  return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+
+def var_mean(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
+  return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+
+def logsumexp(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor:
+  m = self.max(axis, keepdim=True).detach()
+  m = m.isinf().where(0.0, m)  # all -inf (or a +inf): shift by 0 so the answer is -inf/+inf rather than nan
+  ret = (self - m).exp().sum(axis, keepdim=True).log() + m
+  return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in _axes(self, axis, "logsumexp")))
+
+
+def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+  """The index of the first maximum (nan counts as the maximum, like numpy)."""
+  if axis is None:
+    ret = self.flatten().argmax(0)
+    return ret.reshape((1,) * self.ndim) if keepdim else ret
+  (a,) = _axes(self, axis, "argmax") or (0,)
+  if self.ndim == 0: return self._wrap(const_uop(0, dtypes.int32, self.device, ()))
+  n = ints(self.shape, "argmax")[a]
+  if n == 0: raise ValueError(f"argmax of an empty axis {axis} (shape {fmt(self.shape)})")
+  hit = self.eq(self.max(a, keepdim=True))
+  if dtypes.is_float(self.dtype): hit = hit | self.isnan()
+  # descending indices n..1, so the max over the hits picks the first one
+  rev = self._wrap(const_uop(n, dtypes.int32, self.device, (n,))) - self._wrap(iota(n, self.device))
+  rev = rev.reshape((n,) + (1,) * (self.ndim - a - 1))
+  return (n - hit.where(rev, 0).max(a, keepdim)).cast(dtypes.int32)
+
+
+def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+  if dtypes.is_float(self.dtype): return (-self).argmax(axis, keepdim)
+  return self.bitwise_not().argmax(axis, keepdim)
+
+
+def dot(self: Tensor, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
+  """numpy's matmul: 1-D operands are vectors, more than 2 dimensions are batches (broadcast)."""
+  x, nx, nw = self, self.ndim, w.ndim
+  if nx == 0 or nw == 0: raise ShapeError(f"matmul needs tensors of at least 1 dimension, got shapes {fmt(x.shape)} and {fmt(w.shape)}")
+  k_axis = -builtins.min(nw, 2)
+  if x.shape[-1] != w.shape[k_axis]:
+    raise ShapeError(f"matmul of shapes {fmt(x.shape)} and {fmt(w.shape)}: contracted sizes {x.shape[-1]} and {w.shape[k_axis]} differ")
+  if nx >= 2 and nw >= 2: broadcast_shape(x.shape[:-2], w.shape[:-2], op=f"matmul of shapes {fmt(x.shape)} and {fmt(w.shape)} (batch axes)")
+  if nw >= 2:
+    # w (..., k, m) → (..., m, k); with a matrix x (..., n, k) → (..., n, 1, k) against (..., 1, m, k)
+    wt = w.transpose(-1, -2)
+    if nx >= 2: x, wt = x.unsqueeze(-2), wt.unsqueeze(-3)
+  else: wt = w
+  out = least_upper_dtype(self.dtype, w.dtype) if dtype is None else to_dtype(dtype)
+  return (x * wt).sum(-1, dtype=dtype).cast(out)
+
+
+def matmul(self: Tensor, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:
+  return x.dot(self, dtype=dtype) if reverse else self.dot(x, dtype=dtype)

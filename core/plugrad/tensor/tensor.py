@@ -1,0 +1,377 @@
+"""`Tensor`: a lazy n-dimensional array. A Tensor holds one tensor-graph UOp (`.uop`, docs/ir.md stage 1); its methods
+build bigger graphs, and `realize()` (or reading the data) has the engine schedule and run the kernels.
+
+The methods live in small modules by kind (creation, random, elementwise, reduce, movement) as plain functions taking
+the tensor first, and are bound here; the nn, indexing and scan methods come from the mixins. docs/tensor.md describes
+the semantics and where they differ from numpy and PyTorch.
+"""
+from __future__ import annotations
+
+import builtins
+import weakref
+from typing import Any, ClassVar
+
+import numpy as np
+
+from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from plugrad.helpers import dedup, prod
+from plugrad.tensor import bitcast as bc
+from plugrad.tensor import creation as cr
+from plugrad.tensor import elementwise as ew
+from plugrad.tensor import movement as mv
+from plugrad.tensor import random as rnd
+from plugrad.tensor import reduce as rd
+from plugrad.tensor.helpers import const_uop, device_uop, ints, is_buffer_form
+from plugrad.tensor.indexing import IndexingMixin
+from plugrad.tensor.nn_ops import NNMixin
+from plugrad.tensor.scan import ScanMixin
+from plugrad.uop.ops import Ops, UOp, sint
+from plugrad.uop.shape import ShapeError, fmt
+
+# Every live Tensor, so a realize can point all tensors that share a computed node at its buffer (weak: dead tensors drop out).
+_live: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# realized result → the graph it was computed from, kept while the result lives when that graph depends on a tensor with
+# requires_grad, so `loss.item(); loss.backward()` still differentiates (as in PyTorch, the graph lives as long as its output)
+_origins: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
+  if not mapping: return
+  for result, graph in list(_origins.items()):  # recorded graphs see this realize too (a leaf in them may just have been realized)
+    if any(k in graph.toposort for k in mapping): _origins[result] = graph.substitute(mapping)
+  if leaves := {t.uop for t in list(_live) if t.requires_grad}:
+    for node, result in mapping.items():
+      topo = node.toposort
+      if node.op is not Ops.ASSIGN and result not in topo and any(leaf in topo and leaf is not node for leaf in leaves):
+        _origins[result] = node.substitute({k: v for k, v in mapping.items() if k is not node})
+  for t in list(_live):
+    topo = t.uop.toposort
+    if any(k in topo for k in mapping): t.uop = t.uop.substitute(mapping)
+
+
+def _differentiable(root: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """`root` with realized results replaced by the graphs they came from, and for each such result its node in the new
+  graph (a target that was realized is found there; gradients are pointed back at the buffers, not recomputed)."""
+  nodes: dict[UOp, UOp] = {}
+  while expand := {u: _origins[u] for u in root.toposort if u in _origins}:
+    root = root.substitute(expand)
+    nodes = {r: n.substitute(expand) for r, n in nodes.items()} | expand
+  return root, nodes
+
+
+class Tensor(NNMixin, IndexingMixin, ScanMixin):
+  """A lazy array on one device. `Tensor(data, device=None, dtype=None, requires_grad=None)` takes a Python scalar, a
+  (nested) list or tuple, a numpy array, bytes, or a tensor-graph UOp."""
+  uop: UOp
+  requires_grad: bool | None
+  grad: Tensor | None
+  __array_priority__: ClassVar[float] = 1000.0  # numpy scalar (op) Tensor defers to our reflected operators
+
+  def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None):
+    dt = to_dtype(dtype) if dtype is not None else None
+    if dt is not None and (dt.count != 1 or dt.scalar() not in dtypes.all): raise TypeError(f"a Tensor needs a scalar dtype, got {dt}")
+    if isinstance(data, Tensor): data = data.uop
+    if isinstance(data, UOp):
+      if data.shape is None: raise TypeError(f"Tensor(UOp) needs a tensor-graph UOp with a shape, got a {data.op.name}")
+      uop = data
+      if uop.dtype is dtypes.index:  # a bound Variable: an int tensor on a device
+        dev = cr.canonical_device(device)
+        uop = const_uop(0, dtypes.default_int, dev, ()).alu(Ops.ADD, uop.cast(dtypes.default_int))
+      if device is not None and (dev := cr.canonical_device(device)) != uop.tensor_device: uop = UOp(Ops.COPY, uop.dtype, (uop, device_uop(dev)))
+    else: uop = cr.uop_from_data(data, cr.canonical_device(device), dt)
+    if dt is not None and uop.dtype is not dt: uop = uop.cast(dt)
+    self.uop, self.requires_grad, self.grad = uop, requires_grad, None
+    _live.add(self)
+
+  @classmethod
+  def _wrap(cls, uop: UOp) -> Tensor:
+    """A Tensor around an existing graph node (no checks; the op methods use this)."""
+    t = object.__new__(cls)
+    t.uop, t.requires_grad, t.grad = uop, None, None
+    _live.add(t)
+    return t
+
+  # ---- properties
+  @property
+  def shape(self) -> tuple[sint, ...]:
+    s = self.uop.shape
+    assert s is not None  # a Tensor's uop always has a shape (checked at construction)
+    return s
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def device(self) -> str: return self.uop.tensor_device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> sint: return prod(self.shape)
+  def element_size(self) -> int: return self.dtype.itemsize
+  def nbytes(self) -> int: return prod(ints(self.shape, "nbytes")) * self.element_size()
+  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return ints(self.shape[:1], "len")[0]
+
+  def __repr__(self) -> str:
+    state = "realized" if is_buffer_form(self.uop) else f"lazy {self.uop.op.name}"
+    grad = f", requires_grad={self.requires_grad}" if self.requires_grad is not None else ""
+    return f"<Tensor {fmt(self.shape)} {self.dtype} on {self.device}, {state}{grad}>"
+
+  def __hash__(self) -> int: return id(self)
+  def __bool__(self) -> bool:
+    raise TypeError("the truth value of a Tensor is not defined (use .item(), .any() or .all(), or compare with .numpy())")
+
+  # ---- realization and data
+  def realize(self, *lst: Tensor) -> Tensor:
+    """Compute this tensor (and `lst`) now; every live tensor that shares a computed node then uses its buffer."""
+    from plugrad.engine.realize import realize as run
+    def pending() -> list[UOp]: return dedup(t.uop for t in (self, *lst) if not is_buffer_form(t.uop))
+    if not (todo := pending()): return self
+    # lazy tensors that read a buffer before one of these assigns overwrites it are computed first
+    if readers := _old_value_readers(todo):
+      _apply_mapping(run(*readers))
+      todo = pending()
+    if todo: _apply_mapping(run(*todo))
+    return self
+
+  def schedule(self, *lst: Tensor) -> list[Any]:
+    """The ScheduleItems (kernels and copies) that would compute this tensor and `lst`, without running them."""
+    from plugrad.engine.schedule import create_schedule
+    return create_schedule(*dedup(t.uop for t in (self, *lst) if not is_buffer_form(t.uop)))[0]
+
+  def _buffer(self) -> Any:
+    from plugrad.engine.buffers import buffer_of
+    self.realize()
+    u = self.uop
+    return buffer_of(u if u.op is Ops.BUFFER else u.src[0]).ensure_allocated()  # (an empty() tensor was never written)
+
+  def numpy(self) -> np.ndarray:
+    """A numpy copy of the data (bfloat16 comes back as float32, which numpy has)."""
+    if self.dtype is dtypes.bfloat16: return self.cast(dtypes.float32).numpy()
+    shape = ints(self.shape, "numpy")
+    if 0 in shape: return np.zeros(shape, dtypes.to_numpy(self.dtype))
+    return self._buffer().numpy().reshape(shape)
+
+  def tolist(self) -> Any: return self.numpy().tolist()
+
+  def item(self) -> Any:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {fmt(self.shape)}")
+    return self.numpy().reshape(()).item()
+
+  # ---- devices, copies, dtypes
+  def to(self, device: str | None) -> Tensor:
+    dev = cr.canonical_device(device)
+    if dev == self.device: return self
+    ret = Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop, device_uop(dev))))
+    ret.requires_grad = self.requires_grad
+    if self.grad is not None: ret.grad = self.grad.to(dev)
+    return ret
+
+  def to_(self, device: str | None) -> Tensor:
+    """Move this tensor (and its gradient) to `device` in place."""
+    moved = self.to(device)
+    self.uop, self.grad = moved.uop, moved.grad
+    return self
+
+  def contiguous(self) -> Tensor:
+    """This tensor computed into its own contiguous memory when realized (a no-op for a tensor that already is)."""
+    if is_buffer_form(self.uop) or self.uop.op is Ops.CONTIGUOUS: return self._wrap(self.uop)
+    return self._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+
+  def clone(self, device: str | None = None) -> Tensor:
+    """A copy in new memory (on `device` when given), with the same requires_grad and a cloned gradient."""
+    from plugrad.engine.buffers import new_buffer
+    dev = cr.canonical_device(device) if device is not None else self.device
+    src = self.uop if dev == self.device else UOp(Ops.COPY, self.dtype, (self.uop, device_uop(dev)))
+    n = prod(ints(self.shape, "clone"))
+    ret = Tensor._wrap(UOp(Ops.ASSIGN, self.dtype, (new_buffer(dev, n, self.dtype).reshape(self.shape), src)) if n else src)
+    ret.requires_grad = self.requires_grad
+    if self.grad is not None: ret.grad = self.grad.clone(device)
+    return ret
+
+  def detach(self) -> Tensor:
+    """The same values, cut off from the autograd graph."""
+    ret = self._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+    ret.requires_grad = False
+    return ret
+
+  def cast(self, dtype: DTypeLike) -> Tensor:
+    dt = to_dtype(dtype)
+    if dt.count != 1 or dt.scalar() not in dtypes.all: raise TypeError(f"cannot cast to {dt}: a Tensor needs a scalar dtype")
+    return self if dt is self.dtype else self._wrap(self.uop.cast(dt))
+
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+
+  def assign(self, x: Tensor | Any) -> Tensor:
+    """Write `x` (broadcast to this shape; same dtype and device) into this tensor. A realized tensor is updated in its
+    memory when the assign is realized; a lazy one simply takes `x` as its value."""
+    if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
+    if x.uop is self.uop: return self
+    if x.dtype is not self.dtype: raise TypeError(f"assign of a {x.dtype} tensor to a {self.dtype} tensor; cast it first")
+    if x.device != self.device: raise ValueError(f"assign of a tensor on {x.device} to a tensor on {self.device}; move it with .to() first")
+    if x.shape != self.shape:
+      try: x = x._broadcast_to(self.shape)
+      except ShapeError: raise ShapeError(f"assign of shape {fmt(x.shape)} to a tensor of shape {fmt(self.shape)}") from None
+    target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop  # a second assign before a realize replaces the first
+    if is_buffer_form(target): self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
+    elif _is_view_of_buffer(target):
+      raise ValueError(f"assign to a view ({target.op.name}) of a buffer is not supported; assign to the whole tensor (or use __setitem__)")
+    else: self.uop = x.uop
+    return self
+
+  # ---- autograd
+  def requires_grad_(self, requires_grad: builtins.bool = True) -> Tensor:
+    self.requires_grad = requires_grad
+    return self
+
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+    """d(self)/d(target) for each target (self must be a single element unless `gradient`, the seed, is given)."""
+    from plugrad.gradient import GradientError, compute_gradient
+    seed = self._seed(gradient, "gradient")
+    for t in targets:
+      if not t.is_floating_point(): raise TypeError(f"gradient: only float tensors have gradients, got a target of dtype {t.dtype}")
+    root, nodes = _differentiable(self.uop)
+    want = [nodes.get(t.uop, t.uop) for t in targets]
+    grads = compute_gradient(root, seed.uop, want)
+    if missing := [i for i, u in enumerate(want) if u not in grads]:
+      raise GradientError(f"gradient: target(s) {missing} are not part of this tensor's graph (or only through detach / integer ops)")
+    back = {n: r for r, n in nodes.items()}
+    return [Tensor._wrap(grads[u].substitute(back)) for u in want]
+
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Accumulate d(self)/d(t) into `t.grad` for every live tensor `t` with requires_grad=True that self depends on."""
+    from plugrad.gradient import GradientError, compute_gradient
+    seed = self._seed(gradient, "backward")
+    root, nodes = _differentiable(self.uop)
+    topo = root.toposort
+    if not (targets := [(t, u) for t in list(_live) if t.requires_grad and (u := nodes.get(t.uop, t.uop)) in topo]):
+      raise GradientError("backward(): no tensor with requires_grad=True is part of this tensor's graph")
+    grads = compute_gradient(root, seed.uop, dedup(u for _, u in targets))
+    back = {n: r for r, n in nodes.items()}
+    for t, u in targets:
+      if (g := grads.get(u)) is None: continue
+      g = g.substitute(back)
+      t.grad = Tensor._wrap(g) if t.grad is None else t.grad + Tensor._wrap(g)
+    return self
+
+  def _seed(self, gradient: Tensor | None, what: str) -> Tensor:
+    from plugrad.gradient import GradientError
+    if not self.is_floating_point(): raise TypeError(f"{what}: only float tensors can be differentiated, this one is {self.dtype}")
+    if gradient is None:
+      if self.numel() != 1:
+        raise GradientError(f"{what}() without a gradient needs a tensor with one element; this one has shape {fmt(self.shape)} (pass gradient=)")
+      return self._wrap(const_uop(1.0, self.dtype, self.device, self.shape))
+    if gradient.shape != self.shape: raise ShapeError(f"{what}: the gradient has shape {fmt(gradient.shape)}, the tensor has {fmt(self.shape)}")
+    if gradient.device != self.device: raise ValueError(f"{what}: the gradient is on {gradient.device}, the tensor on {self.device}")
+    return gradient.cast(self.dtype)
+
+  # ---- bound op modules
+  full = classmethod(cr.full); zeros = classmethod(cr.zeros); ones = classmethod(cr.ones); empty = classmethod(cr.empty)
+  arange = classmethod(cr.arange); linspace = classmethod(cr.linspace); eye = classmethod(cr.eye)
+  full_like = cr.full_like; zeros_like = cr.zeros_like; ones_like = cr.ones_like; empty_like = cr.empty_like; meshgrid = cr.meshgrid
+
+  manual_seed = staticmethod(rnd.manual_seed)
+  rand = classmethod(rnd.rand); randn = classmethod(rnd.randn); randint = classmethod(rnd.randint); uniform = classmethod(rnd.uniform)
+  normal = classmethod(rnd.normal); scaled_uniform = classmethod(rnd.scaled_uniform); glorot_uniform = classmethod(rnd.glorot_uniform)
+  kaiming_uniform = classmethod(rnd.kaiming_uniform); kaiming_normal = classmethod(rnd.kaiming_normal)
+  rand_like = rnd.rand_like; randn_like = rnd.randn_like
+
+  add = ew.add; sub = ew.sub; mul = ew.mul; div = ew.div; mod = ew.mod; fmod = ew.fmod; pow = ew.pow
+  neg = ew.neg; abs = ew.abs; sign = ew.sign; copysign = ew.copysign; reciprocal = ew.reciprocal; square = ew.square
+  exp = ew.exp; exp2 = ew.exp2; log = ew.log; log2 = ew.log2; log10 = ew.log10; sqrt = ew.sqrt; rsqrt = ew.rsqrt
+  sin = ew.sin; cos = ew.cos; tan = ew.tan; asin = ew.asin; acos = ew.acos; atan = ew.atan
+  sinh = ew.sinh; cosh = ew.cosh; tanh = ew.tanh; asinh = ew.asinh; acosh = ew.acosh; atanh = ew.atanh; erf = ew.erf
+  floor = ew.floor; ceil = ew.ceil; round = ew.round; trunc = ew.trunc; lerp = ew.lerp
+  maximum = ew.maximum; minimum = ew.minimum; clip = ew.clip; clamp = ew.clip; where = ew.where; masked_fill = ew.masked_fill
+  isnan = ew.isnan; isinf = ew.isinf; isfinite = ew.isfinite; isclose = ew.isclose; logical_not = ew.logical_not
+  bitwise_not = ew.bitwise_not; bitwise_and = ew.bitwise_and; bitwise_or = ew.bitwise_or; bitwise_xor = ew.bitwise_xor
+  lshift = ew.lshift; rshift = ew.rshift; logaddexp = ew.logaddexp; eq = ew.eq; ne = ew.ne
+
+  sum = rd.sum; prod = rd.prod_; max = rd.max; min = rd.min; mean = rd.mean; var = rd.var; std = rd.std
+  std_mean = rd.std_mean; var_mean = rd.var_mean; argmax = rd.argmax; argmin = rd.argmin; any = rd.any; all = rd.all
+  logsumexp = rd.logsumexp; dot = rd.dot; matmul = rd.matmul
+
+  reshape = mv.reshape; view = mv.reshape; permute = mv.permute; transpose = mv.transpose; expand = mv.expand; pad = mv.pad
+  flip = mv.flip; flatten = mv.flatten; unflatten = mv.unflatten; squeeze = mv.squeeze; unsqueeze = mv.unsqueeze
+  cat = mv.cat; stack = mv.stack; split = mv.split; chunk = mv.chunk; repeat = mv.repeat; repeat_interleave = mv.repeat_interleave
+  roll = mv.roll; shrink = mv.shrink; _broadcast_to = mv.broadcast_to; bitcast = bc.bitcast
+  T = property(mv.T)
+
+  # ---- Python operators (reflected forms put the other operand first; in-place forms assign)
+  def __neg__(self) -> Tensor: return self.neg()
+  def __abs__(self) -> Tensor: return self.abs()
+  def __invert__(self) -> Tensor: return self.bitwise_not()
+  def __add__(self, x: Any) -> Tensor: return self.add(x)
+  def __radd__(self, x: Any) -> Tensor: return self.add(x, True)
+  def __sub__(self, x: Any) -> Tensor: return self.sub(x)
+  def __rsub__(self, x: Any) -> Tensor: return self.sub(x, True)
+  def __mul__(self, x: Any) -> Tensor: return self.mul(x)
+  def __rmul__(self, x: Any) -> Tensor: return self.mul(x, True)
+  def __truediv__(self, x: Any) -> Tensor: return self.div(x)
+  def __rtruediv__(self, x: Any) -> Tensor: return self.div(x, True)
+  def __floordiv__(self, x: Any) -> Tensor: return self.div(x, rounding_mode="floor")
+  def __rfloordiv__(self, x: Any) -> Tensor: return self.div(x, True, rounding_mode="floor")
+  def __mod__(self, x: Any) -> Tensor: return self.mod(x)
+  def __rmod__(self, x: Any) -> Tensor: return self.mod(x, True)
+  def __pow__(self, x: Any) -> Tensor: return self.pow(x)
+  def __rpow__(self, x: Any) -> Tensor: return self.pow(x, True)
+  def __matmul__(self, x: Tensor) -> Tensor: return self.matmul(x)
+  def __rmatmul__(self, x: Tensor) -> Tensor: return self.matmul(x, True)
+  def __and__(self, x: Any) -> Tensor: return self.bitwise_and(x)
+  def __rand__(self, x: Any) -> Tensor: return self.bitwise_and(x, True)
+  def __or__(self, x: Any) -> Tensor: return self.bitwise_or(x)
+  def __ror__(self, x: Any) -> Tensor: return self.bitwise_or(x, True)
+  def __xor__(self, x: Any) -> Tensor: return self.bitwise_xor(x)
+  def __rxor__(self, x: Any) -> Tensor: return self.bitwise_xor(x, True)
+  def __lshift__(self, x: Any) -> Tensor: return self.lshift(x)
+  def __rlshift__(self, x: Any) -> Tensor: return self.lshift(x, True)
+  def __rshift__(self, x: Any) -> Tensor: return self.rshift(x)
+  def __rrshift__(self, x: Any) -> Tensor: return self.rshift(x, True)
+  def __lt__(self, x: Any) -> Tensor: return ew.lt(self, x)
+  def __gt__(self, x: Any) -> Tensor: return ew.gt(self, x)
+  def __le__(self, x: Any) -> Tensor: return ew.le(self, x)
+  def __ge__(self, x: Any) -> Tensor: return ew.ge(self, x)
+  def __eq__(self, x: Any) -> Tensor: return self.eq(x)  # type: ignore[override]
+  def __ne__(self, x: Any) -> Tensor: return self.ne(x)  # type: ignore[override]
+
+  def __iadd__(self, x: Any) -> Tensor: return self.assign(self.add(x))
+  def __isub__(self, x: Any) -> Tensor: return self.assign(self.sub(x))
+  def __imul__(self, x: Any) -> Tensor: return self.assign(self.mul(x))
+  def __itruediv__(self, x: Any) -> Tensor: return self.assign(self.div(x))
+  def __ifloordiv__(self, x: Any) -> Tensor: return self.assign(self.div(x, rounding_mode="floor"))
+  def __imod__(self, x: Any) -> Tensor: return self.assign(self.mod(x))
+  def __ipow__(self, x: Any) -> Tensor: return self.assign(self.pow(x))
+  def __imatmul__(self, x: Tensor) -> Tensor: return self.assign(self.matmul(x))
+  def __iand__(self, x: Any) -> Tensor: return self.assign(self.bitwise_and(x))
+  def __ior__(self, x: Any) -> Tensor: return self.assign(self.bitwise_or(x))
+  def __ixor__(self, x: Any) -> Tensor: return self.assign(self.bitwise_xor(x))
+  def __ilshift__(self, x: Any) -> Tensor: return self.assign(self.lshift(x))
+  def __irshift__(self, x: Any) -> Tensor: return self.assign(self.rshift(x))
+
+
+def _old_value_readers(todo: list[UOp]) -> list[UOp]:
+  """The graphs of live tensors (outside `todo`) that read a buffer that an ASSIGN in `todo` writes, and not through that
+  ASSIGN: they were built from the old contents, so they must run before the write."""
+  assigns = {u for r in todo for u in r.toposort if u.op is Ops.ASSIGN}
+  if not assigns: return []
+  written = {_base(a.src[0]) for a in assigns}
+  wanted = set(todo)
+  out = []
+  for t in list(_live):
+    u = t.uop
+    if u in wanted or is_buffer_form(u): continue
+    topo = u.toposort
+    if any(b in topo for b in written) and not any(a in topo for a in assigns): out.append(u)
+  return dedup(out)
+
+
+def _base(u: UOp) -> UOp:
+  while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP): u = u.src[0]
+  return u
+
+
+def _is_view_of_buffer(u: UOp) -> bool: return _base(u).op is Ops.BUFFER

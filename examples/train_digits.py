@@ -1,0 +1,120 @@
+"""The main job: train a small CNN on scikit-learn's handwritten digits (1,797 real 8x8 images, bundled with the
+package) on the default device, report the held-out test accuracy, save the weights as safetensors, reload them into a
+fresh model and check it predicts the same.
+
+  python examples/train_digits.py                 # DEV=PYTHON / DEV=CPU / ... to pick the device
+  python examples/train_digits.py --smoke         # a few batches: checks the whole path in seconds (no accuracy target)
+
+Exits with status 1 if the accuracy misses --target or the reloaded model disagrees.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from sklearn.datasets import load_digits
+from tqdm import tqdm
+
+from plugrad import Device, Tensor
+from plugrad.nn import BatchNorm2d, Conv2d, Linear, get_parameters, get_state_dict, load_state_dict
+from plugrad.nn.optim import Adam, CosineAnnealingLR
+from plugrad.nn.state import safe_load, safe_save
+
+
+class DigitsCNN:
+  """conv 3x3 (16) → BN → ReLU → max-pool 2 → conv 3x3 (32) → BN → ReLU → linear (512 → 10): 10k parameters."""
+  def __init__(self) -> None:
+    self.conv1, self.bn1 = Conv2d(1, 16, 3, padding=1), BatchNorm2d(16)
+    self.conv2, self.bn2 = Conv2d(16, 32, 3, padding=1), BatchNorm2d(32)
+    self.fc = Linear(32 * 4 * 4, 10)
+
+  def __call__(self, x: Tensor) -> Tensor:
+    x = self.bn1(self.conv1(x)).relu().max_pool2d(2)
+    x = self.bn2(self.conv2(x)).relu()
+    return self.fc(x.flatten(1))
+
+
+def load_data(seed: int, test_fraction: float = 0.2) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(train images, test images, train labels, test labels); the test split holds `test_fraction` of each digit."""
+  digits = load_digits()
+  x, y = (digits.images / 16.0).astype(np.float32)[:, None], digits.target.astype(np.int32)  # (N, 1, 8, 8) in [0, 1]
+  rng = np.random.default_rng(seed)
+  test = np.zeros(len(y), bool)
+  for c in range(10):
+    of_c = rng.permutation(np.flatnonzero(y == c))
+    test[of_c[:round(test_fraction * len(of_c))]] = True
+  return x[~test], x[test], y[~test], y[test]
+
+
+def predict(model: DigitsCNN, x: np.ndarray) -> np.ndarray:
+  Tensor.training = False
+  return model(Tensor(x)).argmax(-1).numpy()
+
+
+def train(model: DigitsCNN, x: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, lr: float, max_batches: int | None, seed: int) -> None:
+  opt = Adam(get_parameters(model), lr=lr)
+  batches = min(len(x) // batch_size, max_batches or len(x))  # full batches only: every step has the same shapes, so the same kernels
+  sched = CosineAnnealingLR(opt, T_max=epochs * batches)
+  rng = np.random.default_rng(seed)
+  for epoch in range(epochs):
+    Tensor.training = True
+    order = rng.permutation(len(x))
+    with tqdm(total=batches * batch_size, desc=f"epoch {epoch + 1}/{epochs}", unit="sample", file=sys.stdout, leave=True) as bar:
+      start = time.perf_counter()
+      for b in range(batches):
+        idx = order[b * batch_size:(b + 1) * batch_size]
+        opt.zero_grad()
+        loss = model(Tensor(x[idx])).sparse_categorical_crossentropy(Tensor(y[idx]))
+        loss.backward()
+        Tensor.realize(loss, *opt.schedule_step())  # the loss and the update in one run, the loss from the weights before it
+        sched.step()
+        bar.update(batch_size)
+        bar.set_postfix(loss=f"{loss.item():.3f}", rate=f"{(b + 1) * batch_size / (time.perf_counter() - start):.0f} samples/s")
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--epochs", type=int, default=8)
+  ap.add_argument("--batch-size", type=int, default=128)
+  ap.add_argument("--lr", type=float, default=1e-2)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--target", type=float, default=0.97, help="the test accuracy to reach (ignored with --smoke)")
+  ap.add_argument("--weights", default=os.path.join(tempfile.gettempdir(), "plugrad_digits_cnn.safetensors"), help="where to save the weights")
+  ap.add_argument("--smoke", action="store_true", help="2 batches of 8 and 16 test images: checks the path, not the accuracy")
+  args = ap.parse_args()
+
+  t0 = time.perf_counter()
+  x_tr, x_te, y_tr, y_te = load_data(args.seed)
+  if args.smoke: args.epochs, args.batch_size, x_te, y_te = 1, 8, x_te[:16], y_te[:16]
+  print(f"device {Device.DEFAULT}: {len(x_tr)} training and {len(x_te)} test images of 8x8")
+  Tensor.manual_seed(args.seed)
+  model = DigitsCNN()
+  try:
+    train(model, x_tr, y_tr, args.epochs, args.batch_size, args.lr, 2 if args.smoke else None, args.seed)
+    pred = predict(model, x_te)
+    acc = float((pred == y_te).mean())
+    print(f"test accuracy {acc:.2%} ({int((pred == y_te).sum())}/{len(y_te)}) after {time.perf_counter() - t0:.1f} s")
+
+    safe_save(get_state_dict(model), args.weights)
+    fresh = DigitsCNN()
+    load_state_dict(fresh, safe_load(args.weights))
+    pred2 = predict(fresh, x_te)
+    acc2 = float((pred2 == y_te).mean())
+    same = bool((pred2 == pred).all())
+    print(f"saved {args.weights}; reloaded into a fresh model: test accuracy {acc2:.2%} ({'same predictions' if same else 'DIFFERENT predictions'})")
+  finally:
+    Tensor.training = False
+  print(f"total {time.perf_counter() - t0:.1f} s")
+  if not same: return 1
+  if not args.smoke and acc < args.target:
+    print(f"below the target accuracy {args.target:.0%}")
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

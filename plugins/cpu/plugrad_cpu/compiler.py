@@ -1,0 +1,36 @@
+"""The CPU compiler: the system C compiler turns a kernel into a shared object (its bytes are the binary)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+from plugrad.device.compiler import Compiler
+from plugrad.device.errors import CompileError
+from plugrad_cpu.toolchain import Toolchain
+
+
+class CPUCompiler(Compiler):
+  """`cache_key` names the compiler, its version, the flags and the target they chose."""
+  def __init__(self, tc: Toolchain):
+    self.toolchain, self.cache_key = tc, tc.cache_key
+
+  def __repr__(self) -> str: return f"<CPUCompiler {self.toolchain.cc[0]} ({self.toolchain.version})>"
+
+  def compile(self, src: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="plugrad-cpu-") as d:
+      out = os.path.join(d, "kernel.so")
+      try: res = self.toolchain.run(src, out)
+      except (OSError, subprocess.TimeoutExpired) as e: raise CompileError(f"running {self.toolchain.cc[0]} failed: {e}") from None
+      if res.returncode != 0:
+        raise CompileError(f"{' '.join(self.toolchain.cc)} exited with status {res.returncode}:\n{(res.stderr or res.stdout).strip()}")
+      with open(out, "rb") as f: return f.read()
+
+  def disassemble(self, lib: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+      f.write(lib)
+      f.flush()
+      try: res = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f.name], capture_output=True, text=True, timeout=120)
+      except (OSError, subprocess.TimeoutExpired) as e: raise CompileError(f"disassembling needs objdump (binutils): {e}") from None
+      if res.returncode != 0: raise CompileError(f"objdump failed: {res.stderr.strip()}")
+      return res.stdout

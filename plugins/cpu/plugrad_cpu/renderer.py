@@ -1,0 +1,191 @@
+"""The CPU renderer: C with GNU vector types, one kernel per shared object, run by host threads.
+
+The kernel takes two extra parameters, `core_id` and `core_count`: when the program has one parallel output loop (a
+RANGE of axis type LOOP or GLOBAL around all of the kernel's memory effects) or launch indices (`gidxN`, rendered as
+loops over their sizes), thread `core_id` of `core_count` runs its own contiguous share of that loop, and the source
+says so with `PARALLEL_MARK`. Kernels without one are run by a single thread.
+
+16-bit floats: `_Float16` where the compiler has it; bfloat16 values always compute in float and are stored as
+`__bf16` where the compiler has it. Without compiler support both are emulated: stored as uint16 and converted with
+round-to-nearest-even, exactly like the interpreter.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
+from plugrad.renderer.base import RendererError
+from plugrad.renderer.cstyle import CStyleRenderer, c_identifier
+from plugrad.uop.ops import AxisType, GroupOp, Ops, UOp
+
+PARALLEL_MARK = "/* plugrad-cpu: parallel loop, split across core_count threads */"
+
+_NATIVE_VEC = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
+_NATIVE_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.NEG})
+
+_BF16_HELPERS = """\
+static inline float pg_bf16_to_f32(unsigned short b) { union { unsigned int u; float f; } x; x.u = (unsigned int)b << 16; return x.f; }
+static inline unsigned short pg_f32_to_bf16(float f) {  /* round to nearest even; nan becomes the quiet nan of its sign */
+  union { float f; unsigned int u; } x; x.f = f;
+  if ((x.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x.u >> 16) & 0x8000u) | 0x7fc0u);
+  return (unsigned short)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+}"""
+
+# float <-> IEEE half without compiler support (F. Giesen's branch-light conversions, round to nearest even)
+_F16_HELPERS = """\
+static inline float pg_f16_to_f32(unsigned short h) {
+  union { unsigned int u; float f; } o, magic; magic.u = 113u << 23;
+  o.u = (h & 0x7fffu) << 13;
+  unsigned int exp = o.u & (0x7c00u << 13);
+  o.u += (127u - 15u) << 23;
+  if (exp == (0x7c00u << 13)) o.u += (128u - 16u) << 23;  /* inf, nan */
+  else if (exp == 0) { o.u += 1u << 23; o.f -= magic.f; }  /* zero, subnormal */
+  o.u |= (unsigned int)(h & 0x8000u) << 16;
+  return o.f;
+}
+static inline unsigned short pg_f32_to_f16(float f) {
+  union { float f; unsigned int u; } x, magic; x.f = f; magic.u = 126u << 23;
+  unsigned int sign = x.u & 0x80000000u, o;
+  x.u ^= sign;
+  if (x.u >= (143u << 23)) o = x.u > 0x7f800000u ? 0x7e00u : 0x7c00u;  /* overflow to inf; nan stays nan */
+  else if (x.u < (113u << 23)) { x.f += magic.f; o = x.u - magic.u; }  /* subnormal or zero */
+  else { unsigned int odd = (x.u >> 13) & 1u; x.u += ((unsigned int)(15 - 127) << 23) + 0xfffu + odd; o = x.u >> 13; }
+  return (unsigned short)(o | (sign >> 16));
+}"""
+
+
+class CPURenderer(CStyleRenderer):
+  """C for the host's compiler. `native_float16` / `native_bfloat16`: whether the compiler has `_Float16` / `__bf16`
+  (from the toolchain probe); `vector_width`: the float lanes of one vector instruction (8 with AVX2, else 4)."""
+  has_local = has_shared = False
+  supports_float4 = True
+  capabilities = frozenset({"float16", "bfloat16", "float64", "int64"})
+  type_map = {**CStyleRenderer.type_map, dtypes.bool: "_Bool", dtypes.float16: "_Float16"}
+
+  def __init__(self, device: str, native_float16: bool = True, native_bfloat16: bool = False, vector_width: int = 4):
+    super().__init__(device)
+    self.native_float16, self.native_bfloat16, self.vector_width = native_float16, native_bfloat16, vector_width
+    self.validate()
+
+  def __repr__(self) -> str:
+    return (f"<CPURenderer {self.device}: float16 {'native' if self.native_float16 else 'emulated'}, "
+            f"bfloat16 {'native' if self.native_bfloat16 else 'emulated'}, {self.vector_width}-wide float vectors>")
+
+  # ---- types
+  def compute_dtype(self, dt: DType) -> DType:
+    if dt is dtypes.bfloat16 or (dt is dtypes.float16 and not self.native_float16): return dtypes.float32
+    return dt
+
+  def storage_dtype(self, dt: DType) -> DType:
+    if (dt is dtypes.bfloat16 and not self.native_bfloat16) or (dt is dtypes.float16 and not self.native_float16): return dtypes.uint16
+    return dt
+
+  def _gnu(self, dt: DType) -> bool: return dt.scalar() is not dtypes.bool and dt.count & (dt.count - 1) == 0
+
+  def vector_typedef(self, dt: DType, name: str) -> str | None:
+    if not self._gnu(dt): return super().vector_typedef(dt, name)
+    s = dt.scalar()
+    # element alignment: vectors are loaded from any element offset (unaligned loads cost nothing on aligned data)
+    return f"typedef {self.type_map[s]} {name} __attribute__((vector_size({s.itemsize * dt.count}), aligned({s.itemsize})));"
+
+  def render_vectorize(self, dt: DType, parts: Sequence[str]) -> str:
+    return f"(({self.tname(dt)}){{{','.join(parts)}}})" if self._gnu(dt) else super().render_vectorize(dt, parts)
+
+  def render_gep(self, x: str, dt: DType, i: int) -> str: return f"{x}[{i}]" if self._gnu(dt) else super().render_gep(x, dt, i)
+
+  def native_vector_op(self, op: Ops, dt: DType) -> bool:
+    return self._gnu(dt) and dt.scalar() in _NATIVE_VEC and op in _NATIVE_OPS and (op is not Ops.FDIV or dtypes.is_float(dt))
+
+  def native_cast(self, x: str, src: DType, dst: DType) -> str | None:
+    s, d = self.cdt(src), self.cdt(dst)
+    ok = self._gnu(s) and self._gnu(d) and not (dtypes.is_float(s) and not dtypes.is_float(d)) and \
+      all(t.scalar() not in (dtypes.float16, dtypes.bfloat16) for t in (src, dst))
+    return f"__builtin_convertvector({x}, {self.tname(d)})" if ok else None
+
+  def to_storage(self, x: str, dt: DType) -> str:
+    if dt is dtypes.bfloat16 and self.native_bfloat16: return f"((__bf16)(float)({x}))"
+    return f"pg_f32_to_{self._emulated(dt)}({x})" if self.storage_dtype(dt) is dtypes.uint16 else x
+
+  def from_storage(self, x: str, dt: DType) -> str:
+    if dt is dtypes.bfloat16 and self.native_bfloat16: return f"((float)({x}))"
+    return f"pg_{self._emulated(dt)}_to_f32({x})" if self.storage_dtype(dt) is dtypes.uint16 else x
+
+  def _emulated(self, dt: DType) -> str:
+    self.need(f"convert {dt!r}", _BF16_HELPERS if dt is dtypes.bfloat16 else _F16_HELPERS)
+    return "bf16" if dt is dtypes.bfloat16 else "f16"
+
+  # ---- values
+  def render_math(self, fn: str, dt: DType, args: Sequence[str]) -> str:
+    # GCC/clang builtins: inlined where the ISA has the op (sqrt, trunc, fma), else calls into libm (exp2, log2, sin, pow)
+    return f"__builtin_{fn}{'f' if dt is dtypes.float32 else ''}({','.join(args)})"
+
+  def render_round(self, x: str, dt: DType) -> str:
+    if dt is dtypes.bfloat16 and self.native_bfloat16: return f"((float)(__bf16)(float)({x}))"
+    if self.storage_dtype(dt) is dtypes.uint16: return self.from_storage(self.to_storage(x, dt), dt)
+    return super().render_round(x, dt)
+
+  def render_special_float(self, v: float, dt: DType) -> str:
+    sfx = "" if dt is dtypes.float64 else "f"
+    s = f'__builtin_nan{sfx}("")' if v != v else f"__builtin_inf{sfx}()" if v > 0 else f"(-__builtin_inf{sfx}())"
+    return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.tname(dt)}){s})"
+
+  # ---- the kernel
+  def extra_params(self) -> list[str]: return ["int core_id", "int core_count"]
+
+  def order(self, uops: Sequence[UOp]) -> list[UOp]:
+    """Launch indices become loops around the whole kernel: hoist them (outermost dimension first) and their sizes."""
+    self._split: UOp | None = None
+    specials = sorted((u for u in uops if u.op is Ops.SPECIAL), key=lambda u: u.arg[-1], reverse=True)
+    if (lidx := [u.arg for u in specials if u.arg.startswith("l")]):
+      raise RendererError(f"the CPU has no workgroups: this kernel uses {', '.join(lidx)} (render it for a device with has_local=True)")
+    if not specials:
+      self._split = parallel_range(uops)
+      return list(uops)
+    self._split = specials[0]
+    deps = {x for s in specials for x in s.src[0].toposort}
+    return [u for u in uops if u in deps] + specials + [u for u in uops if u not in deps and u.op is not Ops.SPECIAL]
+
+  def render_special(self, u: UOp, size: str) -> str:
+    name = self.unique(c_identifier(u.arg))
+    self.open_until_end(self.render_range(u, name, size))
+    return name
+
+  def render_range(self, u: UOp, name: str, bound: str) -> list[str]:
+    if u is not self._split: return super().render_range(u, name, bound)
+    t = self.tname(u.dtype)
+    q, r, lo, hi = (self.unique(f"{name}_{s}") for s in ("q", "r", "lo", "hi"))
+    return [PARALLEL_MARK, f"{t} {q} = ({bound}) / core_count, {r} = ({bound}) % core_count;",
+            f"{t} {lo} = core_id * {q} + (core_id < {r} ? core_id : {r}), {hi} = {lo} + {q} + (core_id < {r});",
+            f"for ({t} {name} = {lo}; {name} < {hi}; {name}++) {{"]
+
+
+def parallel_range(uops: Sequence[UOp]) -> UOp | None:
+  """The loop whose iterations may run on different threads, or None: the only top-level RANGE, of axis type LOOP or
+  GLOBAL (never REDUCE), when nothing outside it stores to memory, reads memory after it, or reads a buffer it writes."""
+  depth, top, span = 0, [], {}
+  for i, u in enumerate(uops):
+    if u.op in (Ops.ENDRANGE, Ops.ENDIF): depth -= 1
+    if depth == 0 and u.op is Ops.RANGE: top.append(u)
+    if u.op is Ops.ENDRANGE and depth == 0: span[u.src[0]] = i
+    if u.op in (Ops.RANGE, Ops.IF): depth += 1
+  if len(top) != 1 or top[0].arg[1] not in (AxisType.LOOP, AxisType.GLOBAL): return None
+  r = top[0]
+  if (end := span.get(r)) is None: return None
+  start = uops.index(r)
+  inside = set(uops[start:end + 1])
+  written = {_buffer(u.src[0]) for u in inside if u.op is Ops.STORE}
+  for i, u in enumerate(uops):
+    if u in inside: continue
+    if u.op is Ops.STORE and _space(u.src[0]) is not AddrSpace.REG: return None
+    if u.op is Ops.LOAD and (i > end or _buffer(u.src[0]) in written): return None
+  return r
+
+
+def _buffer(u: UOp) -> UOp:
+  while u.op not in GroupOp.Defines and u.src: u = u.src[0]
+  return u
+
+
+def _space(u: UOp) -> AddrSpace:
+  dt = u.dtype
+  return dt.addrspace if isinstance(dt, PtrDType) else AddrSpace.GLOBAL

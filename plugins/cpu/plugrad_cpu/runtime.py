@@ -1,0 +1,143 @@
+"""The CPU runtime: loads a kernel's shared object with ctypes and runs it on host threads.
+
+A kernel whose source carries `PARALLEL_MARK` is called once per thread with (core_id, core_count); each call runs
+its own share of the parallel loop. ctypes releases the GIL during a foreign call, so the calls from a small pool of
+Python threads run at the same time. Small launches run on the calling thread alone: waking threads costs tens of
+microseconds, more than a small kernel takes.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plugrad.device.errors import LaunchError
+from plugrad.device.runtime import Dims, Runtime
+from plugrad.dtype import dtypes
+from plugrad.renderer.cstyle import c_identifier
+from plugrad.uop.ops import UOp
+from plugrad_cpu.allocator import CPUBuffer
+from plugrad_cpu.renderer import PARALLEL_MARK
+
+WORK_PER_THREAD = 1 << 20  # ops + bytes moved per thread (about 100 us of work) before another thread pays off
+
+
+def default_threads(env: dict[str, str] | None = None) -> int:
+  """THREADS, else every core this process may run on."""
+  raw = (os.environ if env is None else env).get("THREADS", "").strip()
+  if raw:
+    if not raw.isdigit() or int(raw) < 1: raise ValueError(f"THREADS must be a positive integer, got {raw!r}")
+    return int(raw)
+  try: return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError): return os.cpu_count() or 1
+
+
+class _Pool:
+  """Worker threads shared by every CPU kernel of the process, each with its own queue, so share k of a launch always
+  runs on worker k (n shares really run on n threads, and a worker keeps touching the same part of the data). Made
+  anew in a forked child: threads do not survive a fork."""
+  def __init__(self) -> None: self.reset()
+
+  def reset(self) -> None:
+    self._queues: list[queue.SimpleQueue] = []
+    self._lock = threading.Lock()
+
+  def run(self, fn: Callable[..., Any], args: list[int], n: int) -> frozenset[int]:
+    """Run shares 1..n-1 on workers and share 0 here; returns the native ids of the threads that ran them."""
+    with self._lock:
+      while len(self._queues) < n - 1:
+        self._queues.append(q := queue.SimpleQueue())
+        threading.Thread(target=_worker, args=(q,), name=f"plugrad-cpu-{len(self._queues)}", daemon=True).start()
+      workers = self._queues[:n - 1]
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for k, q in enumerate(workers, 1): q.put((fn, args, k, n, done))
+    results: list[tuple[bool, Any]] = []
+    try: results.append((True, _share(fn, args, 0, n)))
+    except Exception as e: results.append((False, e))
+    results += [done.get() for _ in workers]  # every share finishes before the launch returns, even when one failed
+    if (err := next((v for ok, v in results if not ok), None)) is not None: raise err
+    return frozenset(v for _, v in results)
+
+
+def _share(fn: Callable[..., Any], args: list[int], k: int, n: int) -> int:
+  fn(*args, k, n)
+  return threading.get_native_id()
+
+
+def _worker(q: queue.SimpleQueue) -> None:
+  while True:
+    fn, args, k, n, done = q.get()
+    try: done.put((True, _share(fn, args, k, n)))
+    except Exception as e: done.put((False, e))
+
+
+POOL = _Pool()
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=POOL.reset)
+
+
+class CPUProgram:
+  """A loaded kernel: call it with CPUBuffer handles in slot order and the variables' values. `last_threads` holds the
+  native ids of the threads that ran the last launch."""
+  def __init__(self, runtime: CPURuntime, program: Any):
+    self.runtime, self.name = runtime, program.name
+    with tempfile.NamedTemporaryFile(prefix="plugrad-cpu-", suffix=".so", delete=False) as f:
+      f.write(program.binary)
+    try: self.lib = ctypes.CDLL(f.name)
+    finally: os.unlink(f.name)  # the mapping outlives the file
+    try: self.fn = getattr(self.lib, c_identifier(self.name))
+    except AttributeError: raise LaunchError(f"kernel {self.name!r}: the shared object has no function {c_identifier(self.name)!r}") from None
+    self.nbufs, self.var_names = len(program.globals), [v.arg[0] for v in program.vars]
+    self.fn.argtypes = [ctypes.c_void_p] * self.nbufs + [ctypes.c_int64 if v.dtype is dtypes.int64 else ctypes.c_int32 for v in program.vars] + \
+      [ctypes.c_int, ctypes.c_int]
+    self.fn.restype = None
+    self.parallel = PARALLEL_MARK in program.source
+    est = program.estimates
+    self._est, self._work = est, est.ops + est.lds if isinstance(est.ops, int) and isinstance(est.lds, int) else None
+    self.last_threads: frozenset[int] = frozenset()
+    self._by_vals: dict[tuple[int, ...], int] = {}  # thread counts of symbolic launches (evaluating estimates takes ~10 us)
+
+  def __repr__(self) -> str: return f"<CPUProgram {self.name!r}{' parallel' if self.parallel else ''}>"
+
+  def threads_for(self, vals: tuple[int, ...]) -> int:
+    if not self.parallel or self.runtime.threads == 1: return 1
+    if self._work is not None: return max(1, min(self.runtime.threads, self._work // WORK_PER_THREAD))
+    if (n := self._by_vals.get(vals)) is None:
+      if len(self._by_vals) >= 1024: self._by_vals.clear()
+      e = self._est.at(dict(zip(self.var_names, vals)))
+      n = self._by_vals[vals] = max(1, min(self.runtime.threads, (int(e.ops) + int(e.lds)) // WORK_PER_THREAD))
+    return n
+
+  def __call__(self, *handles: Any, global_size: Dims = (1, 1, 1), local_size: Dims = (1, 1, 1), vals: tuple[int, ...] = (),
+               wait: bool = False) -> float | None:
+    if len(handles) != self.nbufs: raise LaunchError(f"kernel {self.name!r} takes {self.nbufs} buffers, got {len(handles)}")
+    if len(vals) != len(self.var_names): raise LaunchError(f"kernel {self.name!r} takes values for {self.var_names}, got {len(vals)} values")
+    if tuple(local_size) != (1, 1, 1): raise LaunchError(f"kernel {self.name!r}: the CPU has no workgroups, got local_size {local_size}")
+    if not all(isinstance(h, CPUBuffer) for h in handles):
+      raise LaunchError(f"kernel {self.name!r}: buffers must be CPU buffer handles, got {[type(h).__name__ for h in handles]}")
+    args = [h.addr for h in handles] + list(vals)
+    n = self.threads_for(tuple(vals))
+    st = time.perf_counter()
+    if n == 1:
+      self.fn(*args, 0, 1)
+      self.last_threads = frozenset({threading.get_native_id()})
+    else: self.last_threads = POOL.run(self.fn, args, n)
+    return time.perf_counter() - st if wait else None
+
+
+class CPURuntime(Runtime):
+  """Runs kernels synchronously on `threads` host threads (THREADS, default all cores)."""
+  capabilities = frozenset({"run", "timing"})
+
+  def __init__(self, device: str, threads: int | None = None):
+    super().__init__(device)
+    self.threads = default_threads() if threads is None else threads
+    if not isinstance(self.threads, int) or self.threads < 1: raise ValueError(f"threads must be a positive int, got {self.threads!r}")
+
+  def __repr__(self) -> str: return f"<CPURuntime {self.device}: {self.threads} threads>"
+
+  def load(self, program: UOp) -> CPUProgram: return CPUProgram(self, program)

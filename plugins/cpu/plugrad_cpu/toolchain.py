@@ -1,0 +1,107 @@
+"""The system C compiler: which one, its flags, and what it supports on this machine (found once per process).
+
+`CC` chooses the compiler (a name on PATH or a path, optionally with arguments); otherwise clang, then gcc, then cc.
+Finding it (`find_cc`) only searches PATH, so the device's probe stays cheap; running it to learn its version and
+features (`toolchain`) happens when the device is first used.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from plugrad.device.errors import DeviceUnavailableError
+
+NO_COMPILER = "no C compiler found (install clang or gcc, or set CC)"
+
+# -O2 -march=native: the machine's vector units. -fwrapv: signed integers wrap (the IR's semantics). -ffp-contract=off:
+# every float op rounds once, like the interpreter (MULACC is rendered as fma). -fno-math-errno: sqrt and friends may
+# be inlined (errno is never read). -fno-strict-aliasing: vector loads through re-typed pointers stay correct.
+# No -ffast-math: it assumes no nan/inf (breaking MAX's nan propagation and nan checks) and reorders float math.
+BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-strict-aliasing", "-pipe")
+
+
+def find_cc(env: dict[str, str] | None = None) -> list[str] | None:
+  """The compiler command (argv prefix), or None when there is none. Never raises."""
+  env = dict(os.environ) if env is None else env
+  search = env.get("PATH", os.defpath)
+  if (cc := env.get("CC", "").strip()):
+    try: argv = shlex.split(cc)
+    except ValueError: return None
+    path = shutil.which(argv[0], path=search) if argv else None
+    return [path, *argv[1:]] if path else None
+  for name in ("clang", "gcc", "cc"):
+    if (path := shutil.which(name, path=search)): return [path]
+  return None
+
+
+def probe() -> str | None:
+  """None when a C compiler exists, else why not (the CPU device's probe)."""
+  return None if find_cc() is not None else NO_COMPILER
+
+
+@dataclass(frozen=True)
+class Toolchain:
+  cc: tuple[str, ...]        # the compiler command
+  version: str               # the first line of `cc --version`
+  flags: tuple[str, ...]     # every flag passed when compiling a kernel
+  macros: frozenset[str]     # the predefined macros with these flags (what -march=native turned on)
+  float16: bool              # _Float16 arithmetic and conversions compile
+  bfloat16: bool             # __bf16 conversions compile
+
+  @property
+  def avx2(self) -> bool: return "__AVX2__" in self.macros
+
+  @property
+  def float_lanes(self) -> int:
+    """The widest float vector the machine computes on in one instruction (AVX2: 8, SSE/NEON: 4)."""
+    return 8 if self.avx2 else 4
+
+  @property
+  def cache_key(self) -> str:
+    """Compiler identity, flags and the target the flags chose (so a cache shared by two machines stays correct)."""
+    target = hashlib.sha256("\n".join(sorted(self.macros)).encode()).hexdigest()[:16]
+    return f"plugrad-cpu {' '.join(self.cc)} [{self.version}] {' '.join(self.flags)} target={target}"
+
+  def run(self, src: str, out: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Compile C source `src` to the shared object `out`."""
+    return subprocess.run([*self.cc, *self.flags, *extra, "-x", "c", "-", "-o", out, "-lm"], input=src, capture_output=True, text=True, timeout=300)
+
+
+def _compiles(cc: list[str], flags: tuple[str, ...], src: str) -> bool:
+  with tempfile.TemporaryDirectory(prefix="plugrad-cpu-") as d:
+    res = subprocess.run([*cc, *flags, "-x", "c", "-", "-o", os.path.join(d, "t.so")], input=src, capture_output=True, text=True, timeout=120)
+    return res.returncode == 0
+
+
+_F16 = "_Float16 f(float x, _Float16 y) { return (_Float16)x * y; } float g(_Float16 x) { return (float)x; }\n"
+_BF16 = "__bf16 f(float x) { return (__bf16)x; } float g(__bf16 x) { return (float)x; }\n"
+
+
+@functools.cache
+def _detect(cc: tuple[str, ...]) -> Toolchain:
+  try: ver = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60)
+  except OSError as e: raise DeviceUnavailableError(f"{NO_COMPILER}: running {cc[0]} failed: {e}") from None
+  if ver.returncode != 0: raise DeviceUnavailableError(f"{NO_COMPILER}: `{cc[0]} --version` failed: {ver.stderr.strip()[:300]}")
+  flags = BASE_FLAGS + ("-march=native",)
+  if not _compiles(list(cc), flags, "int f(void) { return 0; }\n"): flags = BASE_FLAGS  # a compiler/target without -march=native
+  if not _compiles(list(cc), flags, "int f(void) { return 0; }\n"):
+    raise DeviceUnavailableError(f"{cc[0]} cannot build a shared object with {' '.join(flags)}")
+  dm = subprocess.run([*cc, *[f for f in flags if f.startswith(("-m", "-O"))], "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
+                      text=True, timeout=60)
+  macros = frozenset(line.split()[1] for line in dm.stdout.splitlines() if line.startswith("#define "))
+  return Toolchain(cc, ver.stdout.strip().splitlines()[0] if ver.stdout.strip() else "unknown", flags, macros,
+                   _compiles(list(cc), flags, _F16), _compiles(list(cc), flags, _BF16))
+
+
+def toolchain() -> Toolchain:
+  """The compiler found now (CC is read on every call; the probing runs once per compiler). Raises
+  DeviceUnavailableError when there is none."""
+  cc = find_cc()
+  if cc is None: raise DeviceUnavailableError(NO_COMPILER)
+  return _detect(tuple(cc))
