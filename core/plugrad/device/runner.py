@@ -72,7 +72,7 @@ class ProgramRunner:
       out[name] = v
     return out
 
-  def __call__(self, bufs: Sequence[Buffer], var_vals: Mapping[str | UOp, int] | None = None, wait: bool = False) -> float | None:
+  def __call__(self, bufs: Sequence[Buffer], var_vals: Mapping[Any, int] | None = None, wait: bool = False) -> float | None:
     """Launch on `bufs` (slot order) with the variables' values; with `wait`, return the kernel's time in seconds."""
     self._check(bufs)
     vals = self._vals(var_vals)

@@ -67,6 +67,11 @@ def _is_buffer_form(u: UOp) -> bool:
 def _buffer_uop(u: UOp) -> UOp: return u if u.op is Ops.BUFFER else u.src[0]
 
 
+def _shape(u: UOp) -> tuple[sint, ...]:
+  if (s := u.shape) is None: raise ScheduleError(f"a {u.op.name} has no shape and cannot be computed by a kernel")
+  return s
+
+
 def _strides(shape: tuple[sint, ...]) -> list[sint]:
   out: list[sint] = []
   acc: sint = 1
@@ -148,10 +153,10 @@ class _Kernel:
 
   def _value(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp | None) -> UOp:
     op = u.op
-    if u in self.realized: return self.load(_buffer_uop(self.realized[u]), u.shape, idxs, valid)
+    if u in self.realized: return self.load(_buffer_uop(self.realized[u]), _shape(u), idxs, valid)
     if op is Ops.BUFFER:
       self.leaf_reads.add(u)
-      return self.load(u, u.shape, idxs, valid)
+      return self.load(u, _shape(u), idxs, valid)
     if op is Ops.CONST: return UOp.const(u.dtype, u.arg)
     if op is Ops.BIND:
       var, val = u.unbind()
@@ -162,8 +167,8 @@ class _Kernel:
     src = u.src[0] if u.src else None
     if op is Ops.RESHAPE:
       assert src is not None
-      flat = sum((i * s for i, s in zip(idxs, _strides(u.shape))), UOp.const(dtypes.index, 0))
-      sshape = src.shape
+      flat = sum((i * s for i, s in zip(idxs, _strides(_shape(u)))), UOp.const(dtypes.index, 0))
+      sshape = _shape(src)
       new = tuple(UOp.const(dtypes.index, 0) if d == 1 else (flat // st) % d if j else flat // st
                   for j, (d, st) in enumerate(zip(sshape, _strides(sshape))))
       return self.value(src, tuple(x.simplify() for x in new), valid)
@@ -174,17 +179,17 @@ class _Kernel:
       return self.value(src, tuple(idxs[inv[j]] for j in range(len(u.arg))), valid)
     if op is Ops.EXPAND:
       assert src is not None
-      return self.value(src, tuple(UOp.const(dtypes.index, 0) if s == 1 and d != 1 else i for i, s, d in zip(idxs, src.shape, u.shape)), valid)
+      return self.value(src, tuple(UOp.const(dtypes.index, 0) if s == 1 and d != 1 else i for i, s, d in zip(idxs, _shape(src), _shape(u))), valid)
     if op is Ops.SHRINK:
       assert src is not None
       return self.value(src, tuple(i + b if not (isinstance(b, int) and b == 0) else i for i, (b, _) in zip(idxs, u.arg)), valid)
     if op is Ops.FLIP:
       assert src is not None
-      return self.value(src, tuple((d - 1 - i) if f else i for i, f, d in zip(idxs, u.arg, src.shape)), valid)
+      return self.value(src, tuple((d - 1 - i) if f else i for i, f, d in zip(idxs, u.arg, _shape(src))), valid)
     if op is Ops.PAD:
       assert src is not None
       conds = [((i >= b) & (i < b + d)) if not (isinstance(b, int) and b == 0 and isinstance(a, int) and a == 0) else None
-               for i, (b, a), d in zip(idxs, u.arg, src.shape)]
+               for i, (b, a), d in zip(idxs, u.arg, _shape(src))]
       ok = functools.reduce(lambda x, y: x & y, [c for c in conds if c is not None]).simplify()
       inner = self.value(src, tuple((i - b) if c is not None else i for i, (b, _), c in zip(idxs, u.arg, conds)), ok if valid is None else valid & ok)
       return ok.where(inner, inner.const_like(0))
@@ -192,8 +197,8 @@ class _Kernel:
       assert src is not None
       self.has_reduce = True
       rop, axes = u.arg
-      if any(isinstance(src.shape[a], int) and src.shape[a] == 0 for a in axes): return UOp.const(u.dtype, _identity(rop, u.dtype))
-      rngs = {a: UOp.range(src.shape[a], next(self.ranges), AxisType.REDUCE) for a in axes if src.shape[a] != 1}
+      if any(isinstance(_shape(src)[a], int) and _shape(src)[a] == 0 for a in axes): return UOp.const(u.dtype, _identity(rop, u.dtype))
+      rngs = {a: UOp.range(_shape(src)[a], next(self.ranges), AxisType.REDUCE) for a in axes if _shape(src)[a] != 1}
       inner = self.value(src, tuple(rngs.get(a, UOp.const(dtypes.index, 0)) if a in axes else i for a, i in enumerate(idxs)), valid)
       return UOp(Ops.REDUCE, u.dtype, (inner, *rngs.values()), rop) if rngs else inner
     if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
@@ -210,7 +215,7 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
   k = _Kernel(realized)
   value = _value_node(root)
   assert value is not None
-  shape = root.shape
+  shape = _shape(root)
   out_g = k.glob(out)
   ranges = [UOp.range(d, next(k.ranges), AxisType.LOOP) if d != 1 else None for d in shape]
   idxs = tuple(r if r is not None else UOp.const(dtypes.index, 0) for r in ranges)

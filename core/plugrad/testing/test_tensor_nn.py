@@ -51,8 +51,8 @@ def check(device: str, fn: Callable[..., Tensor], ref: Callable[..., np.ndarray]
     # rebuilt: realizing `out` above replaced its graph by the result buffer
     (fn(*ts) * Tensor(w.astype(np.float32), device=device)).sum().backward()
     for i in which:
-      assert ts[i].grad is not None, f"input {i} got no gradient"
-      np.testing.assert_allclose(ts[i].grad.numpy(), num_grad(ref, list(args), i, w), atol=gtol, rtol=gtol, err_msg=f"gradient of input {i}")
+      assert (g := ts[i].grad) is not None, f"input {i} got no gradient"
+      np.testing.assert_allclose(g.numpy(), num_grad(ref, list(args), i, w), atol=gtol, rtol=gtol, err_msg=f"gradient of input {i}")
   return out
 
 

@@ -373,14 +373,14 @@ class UOp:
     return sorted(found, key=lambda v: v.arg)
 
   @functools.cached_property
-  def _min_max(self) -> tuple[ConstType, ConstType]:
+  def _min_max(self) -> tuple[Any, Any]:
     from plugrad.uop.bounds import min_max
     return min_max(self)
 
   @property
-  def vmin(self) -> ConstType: return self._min_max[0]
+  def vmin(self) -> Any: return self._min_max[0]
   @property
-  def vmax(self) -> ConstType: return self._min_max[1]
+  def vmax(self) -> Any: return self._min_max[1]
 
   def simplify(self) -> UOp:
     from plugrad.uop.rewrite import graph_rewrite

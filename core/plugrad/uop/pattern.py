@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from plugrad.dtype import DType
@@ -30,7 +30,7 @@ class UPatError(TypeError):
 class UPat:
   __slots__ = ("op", "dtype", "arg", "name", "src", "src_kind", "allowed_len", "alts", "early_reject")
 
-  def __init__(self, op: Ops | Sequence[Ops] | None = None, dtype: DType | Sequence[DType] | None = None,
+  def __init__(self, op: Ops | Iterable[Ops] | None = None, dtype: DType | Iterable[DType] | None = None,
                src: UPat | tuple[UPat, ...] | list[UPat] | None = None, arg: Any = None, name: str | None = None,
                allow_any_len: bool = False):
     self.op: tuple[Ops, ...] | None = (op,) if isinstance(op, Ops) else tuple(op) if op is not None else None

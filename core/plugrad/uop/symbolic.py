@@ -543,7 +543,7 @@ def ssimplify(x: sint) -> sint:
   return r.arg if (r := x.simplify()).op is Ops.CONST else r
 
 
-def sym_infer(x: sint, var_vals: Mapping[UOp | str, int]) -> int:
+def sym_infer(x: sint, var_vals: Mapping[Any, int]) -> int:
   """Evaluate `x` with the Variables given by UOp or by name. A BIND whose Variable is not given evaluates to its bound value."""
   if isinstance(x, int): return x
   if not isinstance(x, UOp): raise TypeError(f"sym_infer needs an int or a UOp, got {type(x).__name__} {x!r}")
