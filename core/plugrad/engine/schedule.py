@@ -158,6 +158,7 @@ class _Kernel:
       self.leaf_reads.add(u)
       return self.load(u, _shape(u), idxs, valid)
     if op is Ops.CONST: return UOp.const(u.dtype, u.arg)
+    if op is Ops.IOTA: return idxs[0].cast(u.dtype)
     if op is Ops.BIND:
       var, val = u.unbind()
       self.var_vals[var.arg[0]] = val

@@ -73,14 +73,8 @@ def const_uop(value: Any, dtype: DType, device: str | None, shape: Shape) -> UOp
 
 
 def iota(n: int, device: str, dtype: DType = dtypes.int32) -> UOp:
-  """[0, 1, ..., n-1] built from constants and movement ops: iota(n) = 2*iota(ceil(n/2)) + [0, 1] interleaved, so each
-  element costs O(log n) ALU ops in one fused kernel and no host data."""
-  if n <= 1: return const_uop(0, dtype, device, (n,))
-  h = (n + 1) // 2
-  evens = iota(h, device, dtype).alu(Ops.MUL, const_uop(2, dtype, device, (h,)))
-  bit = const_uop(1, dtype, device, (1,)).pad(((1, 0),))  # [0, 1]
-  pairs = evens.reshape((h, 1)).expand((h, 2)).alu(Ops.ADD, bit.reshape((1, 2)).expand((h, 2)))
-  return pairs.reshape((2 * h,)).shrink(((0, n),))
+  """[0, 1, ..., n-1] as an IOTA leaf: in a kernel it is the index itself, so it costs nothing and no host data."""
+  return UOp(Ops.IOTA, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), n)
 
 
 def is_buffer_form(u: UOp) -> bool:

@@ -22,7 +22,7 @@ class Ops(enum.IntEnum):
   SINK = enum.auto(); NOOP = enum.auto(); GROUP = enum.auto(); CUSTOM = enum.auto(); CUSTOMI = enum.auto()
   # --- tensor graph
   BUFFER = enum.auto(); UNIQUE = enum.auto(); BUFFER_VIEW = enum.auto(); COPY = enum.auto(); CONTIGUOUS = enum.auto()
-  ASSIGN = enum.auto(); DETACH = enum.auto(); REDUCE_AXIS = enum.auto(); KERNEL = enum.auto(); AFTER = enum.auto()
+  ASSIGN = enum.auto(); DETACH = enum.auto(); REDUCE_AXIS = enum.auto(); KERNEL = enum.auto(); AFTER = enum.auto(); IOTA = enum.auto()
   # --- movement (tensor graph; become index arithmetic in kernels)
   RESHAPE = enum.auto(); PERMUTE = enum.auto(); EXPAND = enum.auto(); PAD = enum.auto(); SHRINK = enum.auto(); FLIP = enum.auto()
   # --- defines

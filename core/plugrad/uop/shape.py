@@ -28,7 +28,7 @@ def fmt(shape: Shape | None) -> str:
 
 def _node_shape(u: UOp) -> Shape | None:
   op, src = u.op, u.src
-  if op is Ops.BUFFER: return (u.arg,)
+  if op in (Ops.BUFFER, Ops.IOTA): return (u.arg,)
   if op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND): return ()
   if op in (Ops.DEVICE, Ops.UNIQUE, Ops.SINK, Ops.KERNEL): return None
   if op in (Ops.RESHAPE, Ops.EXPAND): return u.arg
@@ -68,6 +68,7 @@ def device_of(root: UOp) -> Any:
     if u.op is Ops.DEVICE: d = u.arg
     elif u.op is Ops.BUFFER: d = u.src[1].arg
     elif u.op is Ops.COPY: d = u.src[1].arg
+    elif u.op is Ops.IOTA: d = u.src[0].arg
     else: d = next((s.__dict__["_device"] for s in u.src if s.__dict__["_device"] is not None), None)
     u.__dict__["_device"] = d
   return root.__dict__["_device"]
