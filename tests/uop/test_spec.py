@@ -298,3 +298,10 @@ def test_check_is_linear_on_a_long_program():
   check("kernel", st.sink())
   i0 = const(i32, 0)
   check("linear", linear((glob(0, size=1), i0, *chain, glob(0, size=1).index(i0), glob(0, size=1).index(i0).store(chain[-1]))))
+
+
+def test_iota_in_the_tensor_graph():
+  dev = UOp(Ops.DEVICE, dtypes.void, (), "PYTHON")
+  check("tensor", UOp(Ops.IOTA, dtypes.int32, (dev,), 5))
+  with pytest.raises(SpecError, match="IOTA needs an integer dtype"): check("tensor", UOp(Ops.IOTA, dtypes.float32, (dev,), 5))
+  with pytest.raises(SpecError, match="IOTA needs one DEVICE"): check("tensor", UOp(Ops.IOTA, dtypes.int32, (), 5))

@@ -342,7 +342,8 @@ _VALUES: dict[Ops, Check] = {**{op: _alu for op in GroupOp.ALU}, Ops.CONST: _con
 
 TENSOR_RULES: dict[Ops, Check] = {
   **_VALUES, **{op: _movement for op in GroupOp.Movement}, Ops.CONST: _tensor_const,
-  Ops.SINK: _any, Ops.KERNEL: _any, Ops.BUFFER: _buffer, Ops.IOTA: _iota, Ops.UNIQUE: _unique, Ops.DEVICE: _device, Ops.DEFINE_VAR: _define_var, Ops.BIND: _bind,
+  Ops.SINK: _any, Ops.KERNEL: _any, Ops.BUFFER: _buffer, Ops.IOTA: _iota, Ops.UNIQUE: _unique, Ops.DEVICE: _device,
+  Ops.DEFINE_VAR: _define_var, Ops.BIND: _bind,
   Ops.REDUCE_AXIS: _reduce_axis, Ops.COPY: _copy, Ops.CONTIGUOUS: _same_as_src0("CONTIGUOUS", 1, None), Ops.DETACH: _same_as_src0("DETACH"),
   Ops.ASSIGN: _same_as_src0("ASSIGN", 2, 2), Ops.AFTER: _same_as_src0("AFTER", 1, None), Ops.BUFFER_VIEW: _same_as_src0("BUFFER_VIEW"),
 }
