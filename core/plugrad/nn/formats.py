@@ -75,9 +75,9 @@ def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, tuple[DType, tuple[
       raise bad(f"data_offsets {offs} hold {offs[1] - offs[0]} bytes but {info['dtype']} {shape} needs {need}")
     entries[name] = (dt, tuple(shape), offs[0], offs[1])
   data_len, pos = len(raw) - 8 - n, 0
-  for name, (_, _, b, e) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
-    if b != pos: raise StateFileError(path, f"corrupt data layout: tensor {name!r} starts at {b}, expected {pos} (a hole or an overlap)")
-    pos = e
+  for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+    if begin != pos: raise StateFileError(path, f"corrupt data layout: tensor {name!r} starts at {begin}, expected {pos} (a hole or an overlap)")
+    pos = end
   if pos != data_len:
     why = "truncated" if pos > data_len else "corrupt: trailing bytes"
     raise StateFileError(path, f"{why}: the tensors need {pos} data bytes, the file holds {data_len}")
@@ -101,10 +101,13 @@ def safe_load_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
   return _parse_header(p, p.read_bytes())[1]
 
 
-def _host_bytes(name: str, t: Tensor, path: Path) -> bytes:
+def _check_saveable(name: str, t: Tensor, path: Path) -> None:
   if not isinstance(t, Tensor): raise StateFileError(path, f"cannot save {name!r}: a {type(t).__name__}, not a Tensor")
   if t.dtype not in SAFE_NAMES: raise StateFileError(path, f"cannot save {name!r}: dtype {t.dtype} has no safetensors name")
   if not all(isinstance(s, int) for s in t.shape): raise StateFileError(path, f"cannot save {name!r}: symbolic shape {t.shape}")
+
+
+def _host_bytes(t: Tensor) -> bytes:
   arr = (t.bitcast(dtypes.uint16) if t.dtype is dtypes.bfloat16 else t).numpy()
   return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
 
@@ -116,7 +119,9 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike[str], metadata
   if bad := [k for k in tensors if not isinstance(k, str) or k == "__metadata__"]: raise StateFileError(p, f"cannot save under the name(s) {bad}")
   if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
     raise StateFileError(p, "metadata must map strings to strings")
-  blobs = {k: _host_bytes(k, t, p) for k, t in tensors.items()}
+  for k, t in tensors.items(): _check_saveable(k, t, p)
+  if tensors: Tensor.realize(*tensors.values())  # one run for all of them, then each is copied out
+  blobs = {k: _host_bytes(t) for k, t in tensors.items()}
   header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
   pos = 0
   for k, t in tensors.items():
@@ -147,6 +152,7 @@ def npz_load(path: str | os.PathLike[str], device: str | None = None) -> dict[st
     with z: arrays = {k: z[k] for k in z.files}
   except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as e:
     if isinstance(e, StateFileError): raise
+    if isinstance(e, ValueError) and "allow_pickle" in str(e): raise StateFileError(p, "holds pickled Python objects (never loaded)") from None
     raise StateFileError(p, f"corrupt or truncated .npz: {type(e).__name__}: {e}") from None
   for k, a in arrays.items():
     if a.dtype.kind not in "biuf" or a.dtype.itemsize > 8: raise StateFileError(p, f"array {k!r} has dtype {a.dtype}, which a Tensor cannot hold")

@@ -53,8 +53,8 @@ class Optimizer:
     if not live: raise RuntimeError(f"{type(self).__name__}.step(): no parameter has a gradient; call loss.backward() first")
     grads = [t.grad for t in live]
     state = self._update(live, grads)  # type: ignore[arg-type]
-    # every read of the old weights (the gradients, the buffers' new values) comes before the first write to a weight:
-    # kernels run in the order of this list's dependencies
+    # the gradients get their own buffers (m, v and the weight update each read them; none recomputes them), and what
+    # reads the old weights (gradients, the buffers' statistics) is listed before the writes to them
     return [*grads, *self.buffers, *state, *live]  # type: ignore[list-item]
 
   def _update(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:

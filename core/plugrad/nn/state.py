@@ -72,7 +72,7 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
   # source's graph, and two models loaded from one dict would share buffers)
   Tensor.realize(*targets)
   # a source that reads one of the model's own buffers (e.g. this model's state dict with two layers swapped) is copied
-  # out first: the copies into the model would otherwise overwrite what it still has to read
+  # out first: a swap needs each old value read before the other write, an order the scheduler cannot find
   own_bufs = {u for t in targets for u in t.uop.toposort if u.op is Ops.BUFFER}
   sources = [v.to(t.device) for t, v, _ in pairs]
   staged = [i for i, (s, (t, _, _)) in enumerate(zip(sources, pairs)) if s is not t and not own_bufs.isdisjoint(s.uop.toposort)]
