@@ -155,20 +155,26 @@ class UOp:
     raise TypeError(f"the truth value of a UOp is not defined (use .simplify() / .vmin / .vmax): {self.render(simplify=False)}")
 
   # ---- graph utilities
-  @functools.cached_property
+  @property
   def toposort(self) -> dict[UOp, None]:
-    """Every node of the graph, sources before users (iterative: deep graphs do not hit the recursion limit)."""
-    out: dict[UOp, None] = {}
-    stack: list[tuple[UOp, bool]] = [(self, False)]
-    while stack:
-      node, expanded = stack.pop()
-      if node in out: continue
-      if expanded: out[node] = None
-      else:
-        stack.append((node, True))
-        for s in reversed(node.src):
-          if s not in out: stack.append((s, False))
-    return out
+    """Every node of the graph, sources before users (iterative: deep graphs do not hit the recursion limit). The order
+    is cached without the node itself, so the cache makes no reference cycle and a dropped graph is freed at once."""
+    if (below := self.__dict__.get("_below")) is None:
+      out: dict[UOp, None] = {}
+      stack: list[tuple[UOp, bool]] = [(self, False)]
+      while stack:
+        node, expanded = stack.pop()
+        if node in out: continue
+        if expanded: out[node] = None
+        else:
+          stack.append((node, True))
+          for s in reversed(node.src):
+            if s not in out: stack.append((s, False))
+      del out[self]
+      below = self.__dict__["_below"] = tuple(out)
+    ret = dict.fromkeys(below)
+    ret[self] = None
+    return ret
 
   def replace(self, **kwargs: Any) -> UOp:
     """A copy with some of op, dtype, src, arg changed."""
