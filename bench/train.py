@@ -48,21 +48,27 @@ def median_ms(fn: Callable[[], Any], warmup: int, reps: int) -> float:
 
 # ---------------------------------------------------------------- the three frameworks (each in its own process)
 
-def bench_plugrad(d: dict[str, np.ndarray], warmup: int, reps: int) -> dict[str, float]:
-  from plugrad import Tensor
-  from plugrad.nn import BatchNorm2d, Conv2d, Linear, get_parameters
-  from plugrad.nn.optim import SGD, Adam
-
+def models(Conv2d: Any, BatchNorm2d: Any, Linear: Any) -> tuple[type, type]:
+  """The digits CNN and the MLP, built from one framework's layers (plugrad and tinygrad share the API)."""
   class DigitsCNN:
     def __init__(self) -> None:
       self.conv1, self.bn1 = Conv2d(1, 16, 3, padding=1, bias=False), BatchNorm2d(16)
       self.conv2, self.bn2 = Conv2d(16, 32, 3, padding=1, bias=False), BatchNorm2d(32)
       self.fc = Linear(512, 10)
-    def __call__(self, x: Tensor) -> Tensor: return self.fc(self.bn2(self.conv2(self.bn1(self.conv1(x)).relu().max_pool2d(2))).relu().flatten(1))
+    def __call__(self, x: Any) -> Any: return self.fc(self.bn2(self.conv2(self.bn1(self.conv1(x)).relu().max_pool2d(2))).relu().flatten(1))
 
   class MLP:
     def __init__(self) -> None: self.l1, self.l2, self.l3 = Linear(784, 512), Linear(512, 512), Linear(512, 10)
-    def __call__(self, x: Tensor) -> Tensor: return self.l3(self.l2(self.l1(x).relu()).relu())
+    def __call__(self, x: Any) -> Any: return self.l3(self.l2(self.l1(x).relu()).relu())
+  return DigitsCNN, MLP
+
+
+def bench_plugrad(d: dict[str, np.ndarray], warmup: int, reps: int) -> dict[str, float]:
+  from plugrad import Tensor
+  from plugrad.nn import BatchNorm2d, Conv2d, Linear, get_parameters
+  from plugrad.nn.optim import SGD, Adam
+
+  DigitsCNN, MLP = models(Conv2d, BatchNorm2d, Linear)  # the same code for both: their nn APIs match
 
   def train_step(model: Any, opt: Any, x: Tensor, y: Tensor, **loss_kw: Any) -> Callable[[], None]:
     def step() -> None:
@@ -116,16 +122,7 @@ def bench_tinygrad(d: dict[str, np.ndarray], warmup: int, reps: int) -> dict[str
   from tinygrad.nn.optim import SGD, Adam
   from tinygrad.nn.state import get_parameters
 
-  class DigitsCNN:
-    def __init__(self) -> None:
-      self.conv1, self.bn1 = Conv2d(1, 16, 3, padding=1, bias=False), BatchNorm2d(16)
-      self.conv2, self.bn2 = Conv2d(16, 32, 3, padding=1, bias=False), BatchNorm2d(32)
-      self.fc = Linear(512, 10)
-    def __call__(self, x: Tensor) -> Tensor: return self.fc(self.bn2(self.conv2(self.bn1(self.conv1(x)).relu().max_pool2d(2))).relu().flatten(1))
-
-  class MLP:
-    def __init__(self) -> None: self.l1, self.l2, self.l3 = Linear(784, 512), Linear(512, 512), Linear(512, 10)
-    def __call__(self, x: Tensor) -> Tensor: return self.l3(self.l2(self.l1(x).relu()).relu())
+  DigitsCNN, MLP = models(Conv2d, BatchNorm2d, Linear)  # the same code for both: their nn APIs match
 
   def train_step(model: Any, opt: Any, x: Tensor, y: Tensor, **loss_kw: Any) -> Callable[[], None]:
     @TinyJit
