@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from plugrad.codegen.linearize import linearize
-from plugrad.codegen.lower import add_gpudims, lower_reduces, split_ends
+from plugrad.codegen.lower import add_gpudims, lower_reduces, split_ends, upcast_reduce
 from plugrad.helpers import DEBUG
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import Ops, UOp
@@ -32,7 +32,7 @@ def get_program(ast: UOp, renderer: Renderer) -> ProgramUOp:
   start = time.perf_counter()
   maybe_check("kernel", ast)
   if DEBUG >= 5: print(ast)
-  lowered = graph_rewrite(add_gpudims(ast, renderer), symbolic, name="gpudims")
+  lowered = graph_rewrite(upcast_reduce(add_gpudims(ast, renderer), renderer), symbolic, name="gpudims")
   lowered = split_ends(lower_reduces(lowered))
   prg = make_program(ast, renderer.device).with_linear(linearize(lowered))
   prg = prg.with_source(renderer.render(prg))

@@ -84,3 +84,29 @@ def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
 def split_ends(ast: UOp) -> UOp:
   sub = {u: split_end(u.src[0], u.src[1:]) for u in ast.toposort if u.op is Ops.END and len(u.src) > 2}
   return ast.substitute(sub) if sub else ast
+
+
+def upcast_reduce(ast: UOp, renderer: Renderer, width: int = 16) -> UOp:
+  """On a device without workgroups, a kernel with one reduction keeps `width` accumulators along its innermost output
+  loop j: j splits into (jo, ji) and the reduction loop runs outside a small ji loop (i-k-j order), so the inner loop
+  walks contiguous memory and the C compiler vectorizes it. Applies when j's size is a multiple of `width` and the
+  reduction depends on j."""
+  if renderer.has_local or len(ast.src) != 1 or ast.src[0].op is not Ops.END: return ast
+  end = ast.src[0]
+  store, outs = end.src[0], end.src[1:]
+  reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
+  if store.op is not Ops.STORE or not outs or len(reds) != 1: return ast
+  j, red = outs[-1], reds[0]
+  if j.src[0].op is not Ops.CONST or j.src[0].arg % width or j not in red.src[0].toposort: return ast
+  nid = 1 + max(r.arg[0] for r in ast.toposort if r.op is Ops.RANGE)
+  jo, ji, ja, jb = (UOp.range(j.src[0].arg // width if n == 0 else width, nid + n, AxisType.LOOP) for n in range(4))
+  jsub = jo * width + ji
+  own = red.src[1:]
+  acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(width, AddrSpace.REG), (), 1 << 20)
+  init = split_end(UOp(Ops.STORE, dtypes.void, (acc.index(ja), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *outs[:-1], jo)), (ja,))
+  cur = UOp(Ops.LOAD, red.dtype, (acc.index(jb), init, *own, jb))
+  value = red.src[0].substitute({j: jo * width + jb})
+  update = UOp(Ops.STORE, dtypes.void, (acc.index(jb), UOp(red.arg, red.dtype, (cur, value))))
+  result = UOp(Ops.LOAD, red.dtype, (acc.index(ji), split_end(update, (*own, jb))))
+  new_store = store.substitute({red: result, j: jsub})
+  return ast.replace(src=(UOp(Ops.END, dtypes.void, (new_store, *outs[:-1], jo, ji)),))
