@@ -59,7 +59,7 @@ class Optimizer:
 
   def _update(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
     """Assign each param its new value; return the state tensors assigned too."""
-    raise NotImplementedError
+    raise NotImplementedError(f"{type(self).__name__} must implement _update(params, grads) (Optimizer is a base class)")
 
   def _lr(self, t: Tensor) -> Tensor: return self.lr if self.lr.device == t.device else self.lr.to(t.device)
 
@@ -158,7 +158,7 @@ class LRScheduler:
     self.optimizer, self.base_lr, self.last_epoch = optimizer, float(optimizer.lr.item()), 0
     if (lr := self.get_lr()) != self.base_lr: self._set(lr)
 
-  def get_lr(self) -> float: raise NotImplementedError
+  def get_lr(self) -> float: raise NotImplementedError(f"{type(self).__name__} must implement get_lr() (LRScheduler is a base class)")
 
   def step(self) -> None:
     self.last_epoch += 1
