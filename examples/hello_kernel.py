@@ -1,7 +1,7 @@
 """Run one kernel through plugrad's whole device path on the default device (DEV=... to choose another).
 
 Until the Tensor frontend lands, kernels are written as LINEAR programs (docs/ir.md, stage 3): here
-y[i] = a * x[i] + y[i] over 1,000 float32s, then a row sum with a register accumulator. Each is made into a PROGRAM
+y[i] = a * x[i] + y[i] over 1,000 float32s, then the conformance suite's row sum with a register accumulator. Each is made into a PROGRAM
 UOp, rendered, compiled (through the on-disk cache) and run by the device's plugin, and checked against numpy.
 """
 import numpy as np
@@ -9,8 +9,8 @@ import numpy as np
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
-from plugrad.dtype import AddrSpace, dtypes
-from plugrad.testing.kernels import LinearBuilder
+from plugrad.dtype import dtypes
+from plugrad.testing.kernels import LinearBuilder, reduce_rows
 from plugrad.uop.ops import KernelInfo, Ops, UOp
 from plugrad.uop.program import make_program
 
@@ -28,20 +28,6 @@ def saxpy(n: int) -> list[UOp]:
   return k.linear
 
 
-def row_sums(rows: int, cols: int) -> list[UOp]:
-  k = LinearBuilder()
-  out, a = k.glob(0, F32, rows), k.glob(1, F32, rows * cols)
-  acc = k.emit(UOp(Ops.DEFINE_REG, F32.ptr(1, AddrSpace.REG), (), 0))
-  zero, c0, ncols = k.const(F32, 0.0), k.const(dtypes.int32, 0), k.const(dtypes.int32, cols)
-  r = k.range(rows, 0)
-  k.store(acc, c0, zero)
-  c = k.range(cols, 1)
-  k.store(acc, c0, k.alu(Ops.ADD, k.load(acc, c0), k.load(a, k.alu(Ops.ADD, k.alu(Ops.MUL, r, ncols), c))))
-  k.store(out, r, k.load(acc, c0, after=k.end(c)))
-  k.end(r)
-  return k.linear
-
-
 def run(name: str, uops: list[UOp], arrays: list[np.ndarray], var_vals: dict[str, int]) -> list[np.ndarray]:
   dev = Device[Device.DEFAULT]
   prg = make_program(UOp(Ops.SINK, dtypes.void, (), KernelInfo(name)), dev.name).with_linear(uops)
@@ -56,9 +42,9 @@ def main() -> None:
   x, y = rng.standard_normal(1000, dtype=np.float32), rng.standard_normal(1000, dtype=np.float32)
   got = run("saxpy", saxpy(1000), [y.copy(), x], {"a_x1000": 2500})[0]
   np.testing.assert_allclose(got, np.float32(2.5) * x + y, rtol=1e-6)
-  m = rng.standard_normal((8, 50), dtype=np.float32)
-  sums = run("row_sums", row_sums(8, 50), [np.zeros(8, np.float32), m.reshape(-1)], {})[0]
-  np.testing.assert_allclose(sums, m.sum(1), rtol=1e-5, atol=1e-5)
+  rows = reduce_rows(Device[Device.DEFAULT].renderer)  # a register-accumulator reduction from the conformance suite
+  sums = run("row_sums", rows.uops, [np.zeros(rows.sizes[0], np.float32), rows.inputs[1]], {})[0]
+  np.testing.assert_allclose(sums, rows.expected[0], rtol=1e-5, atol=1e-5)
   print("both kernels match numpy")
 
 
