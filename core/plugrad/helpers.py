@@ -76,7 +76,9 @@ def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 def all_same(xs: Sequence[Any]) -> bool: return all(x == xs[0] for x in xs[1:])
 def all_int(xs: Iterable[Any]) -> bool: return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
 def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
-def ceildiv(a: Any, b: Any) -> Any: return -(a // -b)
+def ceildiv(a: Any, b: Any) -> Any:
+  """ceil(a / b) for b > 0. Symbolic sizes (a >= 0) take the form whose division truncates, as a UOp's // does."""
+  return -(a // -b) if isinstance(a, int) and isinstance(b, int) else (a + (b - 1)) // b
 def round_up(x: int, multiple: int) -> int: return ceildiv(x, multiple) * multiple
 def is_pow2(x: int) -> bool: return x > 0 and (x & (x - 1)) == 0
 

@@ -34,6 +34,7 @@ class ProgramRunner:
     self.name, self.device = p.name, self.dev.name
     self._bufs = [(g.dtype.base, g.dtype.size) for g in p.buffers]
     self._vars = [v.arg for v in p.vars]
+    self._static_dims = None if self._vars else p.launch_dims({})
     try: self.lib = self.dev.runtime.load(p)
     except DeviceError: raise
     except Exception as e: raise self._error("failed to load", e) from e
@@ -72,15 +73,23 @@ class ProgramRunner:
       out[name] = v
     return out
 
+  @property
+  def var_names(self) -> list[str]: return [n for n, _, _ in self._vars]
+
   def __call__(self, bufs: Sequence[Buffer], var_vals: Mapping[Any, int] | None = None, wait: bool = False) -> float | None:
     """Launch on `bufs` (slot order) with the variables' values; with `wait`, return the kernel's time in seconds."""
     self._check(bufs)
     vals = self._vals(var_vals)
-    gs, ls = self.program.launch_dims(vals)
-    handles = [b.ensure_allocated().handle for b in bufs]
-    try: t = self.lib(*handles, global_size=gs, local_size=ls, vals=tuple(vals[n] for n, _, _ in self._vars), wait=wait)
+    return self.launch([b.ensure_allocated().handle for b in bufs], tuple(vals[n] for n, _, _ in self._vars), wait)
+
+  def launch(self, handles: Sequence[Any], vals: tuple[int, ...], wait: bool = False) -> float | None:
+    """Launch on allocated buffer handles with the variables' values in `var_names` order, unchecked: for callers that
+    checked the buffers once and replay them (the JIT)."""
+    if self._static_dims is not None: gs, ls = self._static_dims
+    else: gs, ls = self.program.launch_dims(dict(zip(self.var_names, vals)))
+    try: t = self.lib(*handles, global_size=gs, local_size=ls, vals=vals, wait=wait)
     except Exception as e: raise self._error("failed to launch", e) from e
-    if DEBUG >= 2: print(self._profile_line(gs, ls, vals, t))
+    if DEBUG >= 2: print(self._profile_line(gs, ls, dict(zip(self.var_names, vals)), t))
     return t
 
   def _profile_line(self, gs: tuple[int, ...], ls: tuple[int, ...], vals: dict[str, int], t: float | None) -> str:

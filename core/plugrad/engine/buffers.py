@@ -27,6 +27,11 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
   return UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, dtypes.void, (), next(_unique)), dev), size)
 
 
+def buffer_like(buf: UOp) -> UOp:
+  """A fresh BUFFER UOp with the dtype, size and device of BUFFER `buf`."""
+  return UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.UNIQUE, dtypes.void, (), next(_unique)), buf.src[1]), buf.arg)
+
+
 def buffer_of(u: UOp) -> Buffer:
   """The device Buffer behind a BUFFER UOp (created, not yet allocated, on first request)."""
   if u.op is not Ops.BUFFER: raise TypeError(f"buffer_of needs a BUFFER UOp, got {u.op!r}")

@@ -1,6 +1,18 @@
-"""Running a schedule: kernels through `ProgramRunner` (compiled once per program), copies through host memory."""
+"""Running a schedule: kernels through `ProgramRunner` (compiled once per program), copies through host memory.
+
+Every launch goes through an `ExecItem`, the unit the JIT records: while `capture()` is active, each item run is
+also appended to the capture list, with a weak reference to the BUFFER it freshly created (so the JIT can tell
+intermediates, which nobody holds after the call, from results the caller keeps).
+"""
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.engine.buffers import buffer_of
@@ -8,18 +20,56 @@ from plugrad.engine.schedule import ScheduleItem, create_schedule
 from plugrad.uop.ops import UOp
 
 _runners: dict[UOp, ProgramRunner] = {}
+_captures: list[list[ExecItem]] = []
+
+
+@dataclass(eq=False)
+class ExecItem:
+  """One launch: a kernel's `runner` with its Buffers in slot order (output first) and variable values, or a copy
+  (`runner` None) from bufs[1] into bufs[0]. `fresh` weakly names the BUFFER UOp this launch created (None when it
+  wrote an existing buffer: an assign)."""
+  runner: ProgramRunner | None
+  bufs: list[Buffer]
+  var_vals: dict[str, int] = field(default_factory=dict)
+  fresh: weakref.ref[UOp] | None = None
+
+  @property
+  def device(self) -> str: return self.bufs[0].device
+  @property
+  def name(self) -> str: return self.runner.name if self.runner is not None else f"copy {self.bufs[1].device} -> {self.bufs[0].device}"
+
+  def run(self, var_vals: dict[str, int] | None = None, wait: bool = False) -> float | None:
+    if self.runner is None:
+      self.bufs[0].ensure_allocated().copyin(self.bufs[1].as_buffer())
+      return None
+    return self.runner(self.bufs, self.var_vals if var_vals is None else var_vals, wait=wait)
+
+
+def runner_for(program: Any) -> ProgramRunner:
+  """The loaded runner of a PROGRAM (compiled and loaded once per process)."""
+  if (runner := _runners.get(program)) is None: runner = _runners[program] = ProgramRunner(program)
+  return runner
+
+
+def exec_item(it: ScheduleItem) -> ExecItem:
+  fresh = None if it.in_place else weakref.ref(it.bufs[0])
+  return ExecItem(None if it.kind == "copy" else runner_for(it.program), [buffer_of(b) for b in it.bufs], it.var_vals, fresh)
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[ExecItem]]:
+  """Record every ExecItem run inside the block (they still run) into the yielded list."""
+  items: list[ExecItem] = []
+  _captures.append(items)
+  try: yield items
+  finally: _captures.pop()
 
 
 def run_schedule(items: list[ScheduleItem], wait: bool = False) -> None:
   for it in items:
-    bufs = [buffer_of(b) for b in it.bufs]
-    if it.kind == "copy":
-      dest, src = bufs
-      dest.copyin(src.as_buffer())
-      continue
-    prg = it.program
-    if (runner := _runners.get(prg)) is None: runner = _runners[prg] = ProgramRunner(prg)
-    runner(bufs, it.var_vals, wait=wait)
+    ei = exec_item(it)
+    ei.run(wait=wait)
+    if _captures: _captures[-1].append(ei)
   for dev in {it.device for it in items}: Device[dev].synchronize()
 
 

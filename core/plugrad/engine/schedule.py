@@ -64,7 +64,10 @@ def _is_buffer_form(u: UOp) -> bool:
   return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
 
 
-def _buffer_uop(u: UOp) -> UOp: return u if u.op is Ops.BUFFER else u.src[0]
+def _buffer_uop(u: UOp) -> UOp:
+  """The BUFFER of a buffer-form or realized node (a symbolic-size result is a prefix SHRINK of its buffer, reshaped)."""
+  while u.op is not Ops.BUFFER: u = u.src[0]
+  return u
 
 
 def _shape(u: UOp) -> tuple[sint, ...]:
@@ -226,6 +229,11 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_g.dtype, (out_g, flat)), val))
   live = [r for r in ranges if r is not None]
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.END, dtypes.void, (store, *live)) if live else store,), KernelInfo(_kernel_name(shape, k.has_reduce)))
+  if binds := [u for u in ast.toposort if u.op is Ops.BIND]:  # bound sizes (from shapes): the kernel takes the variable, the item its value
+    for b in binds:
+      bvar, bval = b.unbind()
+      k.var_vals[bvar.arg[0]] = bval
+    ast = ast.substitute({b: b.src[0] for b in binds})
   ast = graph_rewrite(ast, symbolic, name="index simplification")
   maybe_check("kernel", ast)
   return ast, tuple(k.globals), k.var_vals, frozenset(k.leaf_reads - {out})
@@ -272,7 +280,8 @@ def _schedule_one(u: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem]) -
     return
   size = prod(shape)
   out = _buffer_uop(u.src[0]) if u.op is Ops.ASSIGN else new_buffer(device, size if isinstance(size, int) else _max_size(size), u.dtype)
-  result = u.src[0] if u.op is Ops.ASSIGN else out.reshape(shape)
+  # a symbolic size gets a buffer for its largest value, of which the result is the first `size` elements
+  result = u.src[0] if u.op is Ops.ASSIGN else (out if isinstance(size, int) else out.shrink(((0, size),))).reshape(shape)
   if isinstance(size, int) and size == 0:  # nothing to compute
     realized[u] = result
     return

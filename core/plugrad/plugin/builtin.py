@@ -61,3 +61,11 @@ def plugrad_runtime(device: str) -> Any:
     from plugrad.device.null import NullRuntime
     return NullRuntime(device)
   return None
+
+
+@hookimpl
+def plugrad_graph(device: str) -> Any:
+  if device_name(device) == "PYTHON":
+    from plugrad.device.interpreter_graph import PythonGraph
+    return PythonGraph
+  return None

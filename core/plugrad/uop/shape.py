@@ -21,6 +21,13 @@ def _eq(a: sint, b: sint) -> bool:
   return sa is sb if isinstance(sa, UOp) or isinstance(sb, UOp) else sa == sb
 
 
+def _simple(x: sint) -> sint:
+  """A symbolic size folded (so `n - 0` stays `n`: sizes are compared and rendered)."""
+  if isinstance(x, int): return x
+  from plugrad.uop.symbolic import ssimplify
+  return ssimplify(x)
+
+
 def fmt(shape: Shape | None) -> str:
   if shape is None: return "(no shape)"
   return "(" + ", ".join(s.render() if isinstance(s, UOp) else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
@@ -34,8 +41,8 @@ def _node_shape(u: UOp) -> Shape | None:
   if op in (Ops.RESHAPE, Ops.EXPAND): return u.arg
   s: Any = src[0].__dict__["_shape"] if src else None
   if op is Ops.PERMUTE: return tuple(s[i] for i in u.arg)
-  if op is Ops.PAD: return tuple(d + b + a for d, (b, a) in zip(s, u.arg))
-  if op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
+  if op is Ops.PAD: return tuple(d + b + a if isinstance(d, int) else _simple(d + b + a) for d, (b, a) in zip(s, u.arg))
+  if op is Ops.SHRINK: return tuple(e if isinstance(b, int) and b == 0 else _simple(e - b) for b, e in u.arg)
   if op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
   if op is Ops.BITCAST and s is not None and src[0].dtype.itemsize != u.dtype.itemsize and s:
     return (*s[:-1], s[-1] * src[0].dtype.itemsize // u.dtype.itemsize)

@@ -49,3 +49,10 @@ def plugrad_runtime(device: str) -> Any:
   if device_name(device) != NAME: return None
   from plugrad_cpu.runtime import CPURuntime
   return CPURuntime(device)
+
+
+@hookimpl
+def plugrad_graph(device: str) -> Any:
+  if device_name(device) != NAME: return None
+  from plugrad_cpu.graph import CPUGraph
+  return CPUGraph

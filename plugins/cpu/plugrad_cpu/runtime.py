@@ -80,15 +80,20 @@ POOL = _Pool()
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=POOL.reset)
 
 
+def load_shared(binary: bytes) -> ctypes.CDLL:
+  """A shared object's bytes loaded into this process."""
+  with tempfile.NamedTemporaryFile(prefix="plugrad-cpu-", suffix=".so", delete=False) as f:
+    f.write(binary)
+  try: return ctypes.CDLL(f.name)
+  finally: os.unlink(f.name)  # the mapping outlives the file
+
+
 class CPUProgram:
   """A loaded kernel: call it with CPUBuffer handles in slot order and the variables' values. `last_threads` holds the
   native ids of the threads that ran the last launch."""
   def __init__(self, runtime: CPURuntime, program: Any):
     self.runtime, self.name = runtime, program.name
-    with tempfile.NamedTemporaryFile(prefix="plugrad-cpu-", suffix=".so", delete=False) as f:
-      f.write(program.binary)
-    try: self.lib = ctypes.CDLL(f.name)
-    finally: os.unlink(f.name)  # the mapping outlives the file
+    self.lib = load_shared(program.binary)
     try: self.fn = getattr(self.lib, c_identifier(self.name))
     except AttributeError: raise LaunchError(f"kernel {self.name!r}: the shared object has no function {c_identifier(self.name)!r}") from None
     self.nbufs, self.var_names = len(program.globals), [v.arg[0] for v in program.vars]

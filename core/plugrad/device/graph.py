@@ -1,0 +1,100 @@
+"""`GraphRunner`: the base of the device graph runners (CUDA graphs, command buffers, one native call per batch).
+
+The JIT (plugrad.engine.jit) captures the kernels a function launches and replays them; for every batch of captured
+kernels on one device it builds the device's graph runner, the class a plugin returns from `plugrad_graph(device)`:
+
+    runner = cls(kernels, slots, var_names)    # once per batch, after capture
+    runner(slots, var_vals, wait=False)        # every replay
+
+`kernels` are the batch's launches in order (`GraphKernel`: a loaded `ProgramRunner` and its Buffers in slot order,
+as they were captured). `slots` are the Buffers that change from one replay to the next (the JIT's inputs and the
+outputs it allocates afresh), passed again on every call in the same order; `var_vals` holds every variable's value.
+What this base precomputes, so a subclass only patches what changes:
+
+* `slot_uses[(j, i)] = k`: kernel j's buffer slot i is `slots[k]` on every replay;
+* `var_uses[j]`: kernel j's variable values in `ProgramRunner.var_names` order, as indices into `var_names`;
+* `symbolic_dims`: the kernels whose launch dims depend on variables (`launch_dims(j, var_vals)` computes them);
+* `deps[j]`: the earlier kernels of the batch that kernel j must wait for (it reads what they write, or writes what
+  they read or write), for runners that can launch independent kernels concurrently.
+
+A subclass builds its native graph in `__init__` (after `super().__init__`), raising `GraphError` (or any error) when
+it cannot: the JIT then replays that batch kernel by kernel and says why at DEBUG>=1. It implements `__call__`.
+The base lives at the device layer so a backend (and the built-in PYTHON device) can subclass it;
+`plugrad.engine.jit` re-exports it.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from plugrad.device.buffer import Buffer
+from plugrad.device.errors import DeviceError
+from plugrad.device.runner import ProgramRunner
+
+
+class GraphError(DeviceError):
+  """A graph runner cannot take this batch (unsupported launch, too many arguments, ...): the JIT falls back."""
+
+
+@dataclass(frozen=True, eq=False)
+class GraphKernel:
+  """One captured launch: the loaded runner and its Buffers in slot order (output first)."""
+  runner: ProgramRunner
+  bufs: tuple[Buffer, ...]
+
+
+def _bases(k: GraphKernel, slots: Sequence[int]) -> set[Buffer]: return {k.bufs[i].base for i in slots}
+
+
+class GraphRunner:
+  """Base class: see the module docstring for the contract."""
+  def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
+    if not kernels: raise GraphError(f"{type(self).__name__} needs at least one kernel")
+    self.kernels, self.var_names = list(kernels), list(var_names)
+    self.device = self.kernels[0].runner.device
+    if bad := [k.runner.name for k in self.kernels if k.runner.device != self.device]:
+      raise GraphError(f"a graph runs on one device ({self.device}); kernels {bad} run elsewhere")
+    where = {id(b): k for k, b in enumerate(slots)}
+    self.slot_uses: dict[tuple[int, int], int] = {(j, i): where[id(b)] for j, k in enumerate(self.kernels) for i, b in enumerate(k.bufs)
+                                                  if id(b) in where}
+    vpos = {n: v for v, n in enumerate(self.var_names)}
+    if missing := {n for k in self.kernels for n in k.runner.var_names} - vpos.keys():
+      raise GraphError(f"kernels use variables {sorted(missing)} that the graph is given no values for")
+    self.var_uses: list[tuple[int, ...]] = [tuple(vpos[n] for n in k.runner.var_names) for k in self.kernels]
+    self.symbolic_dims: frozenset[int] = frozenset(j for j, k in enumerate(self.kernels) if k.runner.var_names and
+                                                   not all(isinstance(x, int) for x in (*k.runner.program.global_size, *k.runner.program.local_size)))
+    self.deps: list[frozenset[int]] = []
+    readers: dict[Buffer, list[int]] = {}
+    writer: dict[Buffer, int] = {}
+    for j, k in enumerate(self.kernels):
+      writes, reads = _bases(k, k.runner.program.outs), _bases(k, k.runner.program.ins)
+      dep = {writer[b] for b in reads if b in writer} | {r for b in writes for r in readers.get(b, ()) if r != j}
+      self.deps.append(frozenset(dep))
+      for b in reads: readers.setdefault(b, []).append(j)
+      for b in writes: writer[b], readers[b] = j, []
+
+  def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}: {len(self.kernels)} kernels>"
+
+  def buffers(self, j: int, slots: Sequence[Buffer]) -> list[Buffer]:
+    """Kernel j's Buffers for a replay with `slots`."""
+    return [slots[k] if (k := self.slot_uses.get((j, i))) is not None else b for i, b in enumerate(self.kernels[j].bufs)]
+
+  def vals(self, j: int, var_vals: dict[str, int]) -> tuple[int, ...]:
+    """Kernel j's variable values in its `var_names` order."""
+    return tuple(var_vals[self.var_names[v]] for v in self.var_uses[j])
+
+  def launch_dims(self, j: int, var_vals: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    return self.kernels[j].runner.program.launch_dims(dict(zip(self.kernels[j].runner.var_names, self.vals(j, var_vals))))
+
+  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+    """Replay the batch with `slots` and `var_vals`; with `wait`, block and return the seconds it took."""
+    raise NotImplementedError(f"{type(self).__name__} must implement __call__(slots, var_vals, wait)")
+
+
+def check_graph_class(cls: Any, device: str) -> type[GraphRunner]:
+  """`cls` if it is a GraphRunner subclass, else a PluginHookError naming it."""
+  from plugrad.device.errors import PluginHookError
+  if not (isinstance(cls, type) and issubclass(cls, GraphRunner)):
+    raise PluginHookError(f"plugrad_graph({device!r}) returned {cls!r}, which is not a subclass of plugrad.engine.jit.GraphRunner")
+  return cls

@@ -1,0 +1,102 @@
+"""The CPU graph runner: a batch of captured kernels replayed by one native call.
+
+The batch is compiled into one C function that calls each kernel's function through a pointer table with its
+arguments read from two tables (buffer addresses, variable values). A replay writes the pointers and values that
+change into those tables and makes one foreign call per thread, so the Python cost per kernel is gone. Threads:
+every thread runs the whole batch; a parallel kernel is shared by the first `threads[j]` of them, a serial one runs
+on thread 0, and a spin barrier separates a kernel from the earlier ones it depends on (`GraphRunner.deps`).
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+
+from plugrad.device.buffer import Buffer
+from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
+from plugrad.device.registry import Device
+from plugrad_cpu.runtime import POOL, CPUProgram, load_shared
+
+_C_TYPES = {ctypes.c_void_p: "void*", ctypes.c_int32: "int", ctypes.c_int64: "long long"}
+
+_PRELUDE = """#include <sched.h>
+static int bar_count, bar_sense;
+/* a sense-reversing spin barrier over `n` threads; yields after a short spin (threads may outnumber free cores) */
+static void bar_wait(int n, int *sense) {
+  int want = !*sense; *sense = want;
+  if (__atomic_add_fetch(&bar_count, 1, __ATOMIC_ACQ_REL) == n) {
+    __atomic_store_n(&bar_count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&bar_sense, want, __ATOMIC_RELEASE);
+  } else {
+    unsigned spins = 0;
+    while (__atomic_load_n(&bar_sense, __ATOMIC_ACQUIRE) != want) if (++spins > 512) sched_yield();
+  }
+}
+"""
+
+
+def _source(progs: list[CPUProgram], barriers: list[bool]) -> str:
+  lines = [_PRELUDE]
+  body = ["void plugrad_graph(void **fn, void **b, long long *v, const int *nt, int core, int cores) {",
+          "  int sense = __atomic_load_n(&bar_sense, __ATOMIC_ACQUIRE);"]
+  bi = vi = 0
+  for j, (p, bar) in enumerate(zip(progs, barriers)):
+    params = [_C_TYPES[t] for t in p.fn.argtypes[:-2]]
+    lines.append(f"typedef void (*k{j}_t)({', '.join(params)}, int, int);")
+    args = []
+    for t in params:
+      if t == "void*": args.append(f"b[{bi}]"); bi += 1
+      else: args.append(f"({t})v[{vi}]"); vi += 1
+    if bar: body.append("  if (cores > 1) bar_wait(cores, &sense);")
+    body.append(f"  if (core < nt[{j}]) ((k{j}_t)fn[{j}])({', '.join(args)}, core, nt[{j}]);  /* {p.name} */")
+  return "\n".join(lines + body + ["}", ""])
+
+
+class CPUGraph(GraphRunner):
+  """One native call per thread replays the whole batch (see the module docstring)."""
+  def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
+    super().__init__(kernels, slots, var_names)
+    progs = [k.runner.lib for k in self.kernels]
+    if not all(isinstance(p, CPUProgram) for p in progs): raise GraphError("CPUGraph replays only kernels loaded by the CPU runtime")
+    self.progs: list[CPUProgram] = progs  # type: ignore[assignment]
+    self.runtime = progs[0].runtime
+    # a barrier before kernel j when it depends on a kernel run since the last barrier
+    barriers, since = [], set()
+    for j in range(len(progs)):
+      barriers.append(bool(self.deps[j] & since))
+      since = {j} if barriers[-1] else since | {j}
+    dev = Device[self.device]
+    self.lib = load_shared(dev.compiler.compile_cached(_source(self.progs, barriers), f"graph of {len(progs)} kernels"))
+    self.fn = self.lib.plugrad_graph
+    self.fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
+    self.fn.restype = None
+    nbufs = [len(k.bufs) for k in self.kernels]
+    self.fns = (ctypes.c_void_p * len(progs))(*[ctypes.cast(p.fn, ctypes.c_void_p).value for p in self.progs])
+    self.bufs = (ctypes.c_void_p * max(1, sum(nbufs)))(*[b.ensure_allocated().handle.addr for k in self.kernels for b in k.bufs])
+    self.vals = (ctypes.c_longlong * max(1, sum(len(u) for u in self.var_uses)))()
+    self.threads = (ctypes.c_int * len(progs))()
+    starts = [sum(nbufs[:j]) for j in range(len(progs))]
+    self.slot_pos: dict[int, list[int]] = {}
+    for (j, i), k in self.slot_uses.items(): self.slot_pos.setdefault(k, []).append(starts[j] + i)
+    self.val_pos = [(pos, v) for pos, v in enumerate(v for u in self.var_uses for v in u)]
+    self.var_kernels = [j for j, u in enumerate(self.var_uses) if u and progs[j].parallel]
+    for j, p in enumerate(self.progs): self.threads[j] = p.threads_for(()) if not self.var_uses[j] else 1
+    self.args = [ctypes.addressof(a) for a in (self.fns, self.bufs, self.vals, self.threads)]
+
+  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+    for k, positions in self.slot_pos.items():
+      addr = slots[k].handle.addr
+      for pos in positions: self.bufs[pos] = addr
+    if self.val_pos:
+      vals = [var_vals[n] for n in self.var_names]
+      for pos, v in self.val_pos: self.vals[pos] = vals[v]
+      for j in self.var_kernels: self.threads[j] = self.progs[j].threads_for(self.vals_of(j, vals))
+    n = max(self.threads)
+    st = time.perf_counter()
+    if n == 1: self.fn(*self.args, 0, 1)
+    else: POOL.run(self.fn, self.args, n)
+    return time.perf_counter() - st if wait else None
+
+  def vals_of(self, j: int, vals: list[int]) -> tuple[int, ...]: return tuple(vals[v] for v in self.var_uses[j])
+
+  def __repr__(self) -> str: return f"<CPUGraph {len(self.progs)} kernels, threads {list(self.threads)}>"
