@@ -6,8 +6,8 @@ batches and thread count, one line per workload with the ratio of the times.
 
   python bench/train.py [--threads N] [--reps N] [--warmup N] [--only plugrad,torch,tinygrad]
 
-Each framework runs in its own subprocess (its thread setting is read at start-up). plugrad has no JIT yet: its step
-time includes building the graph and scheduling it every step; tinygrad is timed with TinyJit, its normal training path.
+Each framework runs in its own subprocess (its thread setting is read at start-up). plugrad and tinygrad are timed with
+TinyJit, their normal training path (from the third call a step replays its captured kernels); PyTorch eagerly.
 """
 from __future__ import annotations
 
@@ -64,26 +64,30 @@ def models(Conv2d: Any, BatchNorm2d: Any, Linear: Any) -> tuple[type, type]:
 
 
 def bench_plugrad(d: dict[str, np.ndarray], warmup: int, reps: int) -> dict[str, float]:
-  from plugrad import Tensor
+  from plugrad import Tensor, TinyJit
   from plugrad.nn import BatchNorm2d, Conv2d, Linear, get_parameters
   from plugrad.nn.optim import SGD, Adam
 
   DigitsCNN, MLP = models(Conv2d, BatchNorm2d, Linear)  # the same code for both: their nn APIs match
 
   def train_step(model: Any, opt: Any, x: Tensor, y: Tensor, **loss_kw: Any) -> Callable[[], None]:
-    def step() -> None:
+    @TinyJit
+    def step() -> Tensor:
       opt.zero_grad()
       loss = model(x).sparse_categorical_crossentropy(y, **loss_kw)
       loss.backward()
-      Tensor.realize(loss, *opt.schedule_step())
-    return step
+      return loss.realize(*opt.schedule_step())
+    return lambda: step().numpy()
 
   Tensor.training = True
   cnn, mlp = DigitsCNN(), MLP()
   img, img_y, vec, vec_y = (Tensor(d[k]).realize() for k in ("img", "img_y", "vec", "vec_y"))
+  warmup = max(warmup, 3)  # TinyJit captures on its second call
   out = {"digits-cnn train b128": median_ms(train_step(cnn, Adam(get_parameters(cnn), lr=1e-2), img, img_y, label_smoothing=0.1), warmup, reps)}
   Tensor.training = False
-  out["mlp infer b256"] = median_ms(lambda: mlp(vec).realize(), warmup, reps)
+  infer = TinyJit(lambda: mlp(vec).realize())
+  out["mlp infer b256"] = median_ms(lambda: infer().numpy(), warmup, reps)
+  Tensor.training = True
   out["mlp sgd b256"] = median_ms(train_step(mlp, SGD(get_parameters(mlp), lr=0.01), vec, vec_y), warmup, reps)
   return out
 

@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 from tqdm import tqdm
 
-from plugrad import Device, Tensor
+from plugrad import Device, Tensor, TinyJit
 from plugrad.nn import BatchNorm2d, Conv2d, Linear, get_parameters, get_state_dict, load_state_dict
 from plugrad.nn.optim import Adam, CosineAnnealingLR
 from plugrad.nn.state import safe_load, safe_save
@@ -62,6 +62,14 @@ def train(model: DigitsCNN, x: np.ndarray, y: np.ndarray, epochs: int, batch_siz
   batches = min(len(x) // batch_size, max_batches or len(x))  # full batches only: every step has the same shapes, so the same kernels
   sched = CosineAnnealingLR(opt, T_max=epochs * batches)
   rng = np.random.default_rng(seed)
+
+  @TinyJit  # from the third step on, the step's ~60 kernels are replayed without building or scheduling any graph
+  def step(xb: Tensor, yb: Tensor) -> Tensor:
+    opt.zero_grad()
+    loss = model(xb).sparse_categorical_crossentropy(yb, label_smoothing=label_smoothing)
+    loss.backward()
+    return loss.realize(*opt.schedule_step())  # the loss and the update in one run, the loss from the weights before it
+
   for epoch in range(epochs):
     Tensor.training = True
     order = rng.permutation(len(x))
@@ -69,10 +77,7 @@ def train(model: DigitsCNN, x: np.ndarray, y: np.ndarray, epochs: int, batch_siz
       start = time.perf_counter()
       for b in range(batches):
         idx = order[b * batch_size:(b + 1) * batch_size]
-        opt.zero_grad()
-        loss = model(Tensor(x[idx])).sparse_categorical_crossentropy(Tensor(y[idx]), label_smoothing=label_smoothing)
-        loss.backward()
-        Tensor.realize(loss, *opt.schedule_step())  # the loss and the update in one run, the loss from the weights before it
+        loss = step(Tensor(x[idx]), Tensor(y[idx]))
         sched.step()
         bar.update(batch_size)
         bar.set_postfix(loss=f"{loss.item():.3f}", rate=f"{(b + 1) * batch_size / (time.perf_counter() - start):.0f} samples/s")

@@ -76,25 +76,24 @@ def test_value_in_two_sibling_loops_is_an_error():
   with pytest.raises(LinearizeError, match="never closed"): linearize(UOp(Ops.END, dtypes.void, (bad, r1)).sink())
 
 
-def test_upcast_reduce_on_a_device_without_workgroups():
-  from plugrad.codegen.lower import upcast_reduce
+def test_upcast_on_a_device_without_workgroups():
+  # the heuristics' register tile, through the scheduler: 16 lanes along the innermost output loop
+  from plugrad.codegen import lower
+  from plugrad.codegen.opt import Opt, OptOps, Scheduler
   from plugrad.renderer.base import Renderer
 
-  class NoLocals(Renderer):  # the codegen reads only has_local here
+  class NoLocals(Renderer):  # the codegen reads only has_local and vector_width here
     def render(self, program): return ""
   r = NoLocals("NOLOCALS")
   ast = matmul_ast(n=3, m=32, k=5)
-  up = upcast_reduce(ast, r)
-  regs = [u for u in up.toposort if u.op is Ops.DEFINE_REG]
-  assert len(regs) == 1 and regs[0].dtype.size == 16
-  assert upcast_reduce(matmul_ast(n=3, m=6), r) is matmul_ast(n=3, m=6)  # 6 is not a multiple of 16
-  assert upcast_reduce(ast, Device["PYTHON"].renderer) is ast  # devices with workgroups use gidx/lidx instead
-  # the rewritten kernel computes the same matmul (run through the reference interpreter)
-  lin = linearize(split_ends(lower_reduces(up)))
+  up = Scheduler(ast, r).apply_opts([Opt(OptOps.UPCAST, 1, 16)]).get_optimized_ast()
+  assert [x.arg[1] for x in up.toposort if x.op is Ops.RANGE].count(AxisType.UPCAST) == 1
+  lin = lower(up, r)
+  assert sum(1 for u in lin if u.op is Ops.DEFINE_REG) == 16  # one accumulator per upcast lane
   from plugrad.device.buffer import Buffer
   from plugrad.device.runner import ProgramRunner
   from plugrad.uop.program import make_program
-  prg = make_program(ast, "PYTHON").with_linear(lin)
+  prg = make_program(up, "PYTHON").with_linear(lin)
   a, b = np.arange(15, dtype=np.float32).reshape(3, 5), np.arange(160, dtype=np.float32).reshape(5, 32) / 7
   bufs = [Buffer("PYTHON", 96, F32)] + [Buffer.from_numpy("PYTHON", x) for x in (a, b)]
   ProgramRunner(prg)(bufs)

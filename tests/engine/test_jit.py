@@ -88,6 +88,14 @@ def test_device_mismatch_names_argument():
     f(Tensor(rand(4), device="PYTHON"))
 
 
+def test_random_inside_is_refused():
+  f = TinyJit(lambda x: x + Tensor.rand(3))
+  f(Tensor(rand(3)))
+  with pytest.raises(JitError, match=r"draw random numbers .* pass them in as Tensor arguments"): f(Tensor(rand(3)))
+  g = TinyJit(lambda x, noise: x + noise)  # the remedy
+  for _ in range(3): g(Tensor(rand(3)), Tensor.rand(3))
+
+
 def test_nothing_to_capture():
   f = TinyJit(lambda x: x)
   f(Tensor(rand(3)))

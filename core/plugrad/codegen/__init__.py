@@ -1,42 +1,70 @@
 """The codegen pipeline: kernel AST (stage 2) → PROGRAM UOp, grown stage by stage and checked by the spec.
 
-    optimize (workgroup dims; the optimizer issue adds the real search) → lower (reductions → accumulators)
-    → linearize → render
+    optimize (actions: given, KernelInfo.opts_to_apply, BEAM search or the hand-coded heuristics; docs/optimizer.md)
+    → lower (group reductions, workgroup dims, expand UPCAST/UNROLL, reductions → accumulators) → linearize → render
 
 `get_program(ast, renderer)` returns the PROGRAM at the SOURCE stage; the device's compiler adds the BINARY.
-`DEBUG=4` prints the source, `DEBUG=5` the AST.
+`DEBUG=2` prints each new kernel's applied actions and estimates, `DEBUG=4` the source, `DEBUG=5` the AST.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from plugrad.codegen.expand import expand
 from plugrad.codegen.linearize import linearize
-from plugrad.codegen.lower import add_gpudims, lower_reduces, split_ends, upcast_reduce
+from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, split_ends
+from plugrad.codegen.opt import BEAM, NOOPT, Opt, Scheduler, hand_coded_optimizations
 from plugrad.helpers import DEBUG
 from plugrad.renderer.base import Renderer
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import KernelInfo, Ops, UOp
 from plugrad.uop.program import ProgramUOp, make_program
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.spec import maybe_check
 from plugrad.uop.symbolic import symbolic
 
-_cache: dict[tuple[UOp, type, str], ProgramUOp] = {}
+_cache: dict[tuple, ProgramUOp] = {}
 codegen_seconds = [0.0]  # total time spent here (the benchmark reads it)
 
 
-def get_program(ast: UOp, renderer: Renderer) -> ProgramUOp:
-  """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST and renderer kind)."""
+def optimize(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> UOp:
+  """The optimized AST: `opts` when given, else the AST's `KernelInfo.opts_to_apply`, else BEAM search when BEAM > 0,
+  else the hand-coded heuristics (none with NOOPT=1). The applied actions are in the result's KernelInfo."""
+  info = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
+  if opts is None and info.opts_to_apply is not None: opts = tuple(info.opts_to_apply)
+  k = Scheduler(ast.replace(arg=KernelInfo(info.name, (), None, info.dont_use_locals)), renderer)
+  if opts is not None: k.apply_opts(list(opts))
+  elif BEAM.value >= 1 and not info.applied_opts:
+    from plugrad.codegen.opt.search import beam_search
+    k = beam_search(k, BEAM.value)
+  elif not NOOPT: k = hand_coded_optimizations(k)
+  return k.get_optimized_ast()
+
+
+def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
+  """An optimized kernel AST → the linear uops."""
+  info = opt_ast.arg if isinstance(opt_ast.arg, KernelInfo) else KernelInfo()
+  lowered = add_gpudims(lower_group_reduces(drop_unit_ranges(opt_ast)), renderer, info.dont_use_locals)
+  lowered = graph_rewrite(expand(lowered, renderer.vector_width), symbolic, name="gpudims")
+  lowered = split_ends(lower_reduces(lowered))
+  return linearize(lowered)
+
+
+def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> ProgramUOp:
+  """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST, renderer kind and actions)."""
   if ast.op is not Ops.SINK: raise TypeError(f"get_program needs a kernel AST (a SINK), got {ast.op!r}")
-  key = (ast, type(renderer), renderer.device)
+  key = (ast, type(renderer), renderer.device, getattr(renderer, "emulate", None), None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
   if (hit := _cache.get(key)) is not None: return hit
   start = time.perf_counter()
   maybe_check("kernel", ast)
   if DEBUG >= 5: print(ast)
-  lowered = graph_rewrite(upcast_reduce(add_gpudims(ast, renderer), renderer), symbolic, name="gpudims")
-  lowered = split_ends(lower_reduces(lowered))
-  prg = make_program(ast, renderer.device).with_linear(linearize(lowered))
+  opt_ast = optimize(ast, renderer, opts)
+  prg = make_program(opt_ast, renderer.device).with_linear(lower(opt_ast, renderer))
   prg = prg.with_source(renderer.render(prg))
-  if DEBUG >= 4: print(prg.source)
   codegen_seconds[0] += time.perf_counter() - start
+  if DEBUG >= 2:
+    e = prg.estimates
+    print(f"codegen {prg.name:<24} opts {list(prg.applied_opts)}  flops {e.ops}  bytes {e.mem}  traffic {e.lds}  local bytes {e.local_bytes}")
+  if DEBUG >= 4: print(prg.source)
   _cache[key] = prg
   return prg

@@ -106,8 +106,10 @@ def _finalize(nodes: list[UOp]) -> list[UOp]:
       new[u] = UOp(Ops.ENDRANGE, dtypes.void, (new[u.src[1]],))
       out.append(new[u])
       continue
+    if u.op in (Ops.GROUP, Ops.NOOP): continue  # only grouped effects for the placement
     src: tuple[UOp, ...]
-    if u.op is Ops.STORE: src = (new[u.src[0]], new[u.src[1]])  # further sources only pinned its place
+    if u.op is Ops.BARRIER: src = ()  # its sources only ordered it after the stores it guards
+    elif u.op is Ops.STORE: src = (new[u.src[0]], new[u.src[1]])  # further sources only pinned its place
     elif u.op is Ops.LOAD:  # keep the alt value and ENDs (ordering); drop placement sources
       src = (new[u.src[0]], *(new[s] for s in u.src[1:] if s.op is Ops.END or (s.dtype is not dtypes.void and s.op is not Ops.RANGE)))
     else: src = tuple(new[s] for s in u.src)

@@ -18,40 +18,116 @@ def reduce_identity(op: Ops, dt: DType) -> float | int | bool:
   raise ValueError(f"no identity for a {op.name} reduction")
 
 
-def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
-  """On a device with workgroups, run every output element as one thread: the output loops become one flat index
-  `gidx0 * L + lidx0` (split back into the loop indices by div/mod), the store gated when L does not divide the size.
-  Loads stay in bounds because the flat index is clamped; only the store is masked."""
+def add_gpudims(ast: UOp, renderer: Renderer, dont_use_locals: bool = False) -> UOp:
+  """On a device with workgroups, the output loops become launch indices: the LOOP/GLOBAL ranges one flat global
+  index, the LOCAL and GROUP_REDUCE ranges (from the optimizer) one flat local index (the last range varies fastest,
+  so a tensor core's lane range, added last, is the lane). Without local ranges the flat output index is split as
+  `gidx0 * L + lidx0` (L = 1 under NOLOCALS), the store gated when L does not divide the size; loads stay in bounds
+  because that flat index is clamped. UPCAST ranges stay for the expander."""
   if not renderer.has_local: return ast
   ends = [u for u in ast.src if u.op is Ops.END]
   if len(ends) != 1 or ast.src != (ends[0],): return ast
   end = ends[0]
-  store, rngs = end.src[0], end.src[1:]
-  if store.op is not Ops.STORE or any(r.op is not Ops.RANGE or r.arg[1] is not AxisType.LOOP for r in rngs): return ast
-  total: sint = prod([r.src[0] if r.src[0].op is not Ops.CONST else r.src[0].arg for r in rngs])
-  lmax = renderer.local_max[0] if renderer.local_max else 1
-  lsz = min(total, 128, lmax) if isinstance(total, int) else min(32, lmax)
-  groups = ceildiv(total, lsz)
-  if isinstance(groups, int) and renderer.global_max and groups > renderer.global_max[0]: return ast
-  flat = UOp.special(groups, "gidx0") * lsz + UOp.special(lsz, "lidx0")
-  exact = isinstance(total, int) and total % lsz == 0
-  clamped = flat if exact else flat.minimum(total - 1)
-  sub: dict[UOp, UOp] = {}
-  stride: sint = 1
-  for i, r in reversed(list(enumerate(rngs))):
-    size = r.src[0]
-    q = clamped // stride if not (isinstance(stride, int) and stride == 1) else clamped
-    sub[r] = q if i == 0 else q % size
-    stride = stride * (size.arg if size.op is Ops.CONST else size)
-  idx = store.src[0]
-  gated = idx if exact else idx.replace(src=(*idx.src[:2], flat < total))
-  new_store = store.replace(src=(gated.substitute(sub), store.src[1].substitute(sub)))
-  return ast.replace(src=(new_store,))
+  body, rngs = end.src[0], end.src[1:]
+  glob = [r for r in rngs if r.arg[1] in (AxisType.LOOP, AxisType.GLOBAL)]
+  locs = [r for r in rngs if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP_REDUCE)]
+  rest = tuple(r for r in rngs if r not in glob and r not in locs)
+  if any(r.arg[1] is not AxisType.UPCAST for r in rest): return ast
+  def size(r: UOp) -> sint: return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
+  def unflatten(flat: UOp, rs: list[UOp]) -> dict[UOp, UOp]:
+    sub: dict[UOp, UOp] = {}
+    stride: sint = 1
+    for n, r in reversed(list(enumerate(rs))):
+      q = flat // stride if not (isinstance(stride, int) and stride == 1) else flat
+      sub[r] = q if n == 0 else q % size(r)
+      stride = stride * size(r)
+    return sub
+  total: sint = prod([size(r) for r in glob])
+  gate: UOp | None = None
+  if locs:
+    lsz = prod([size(r) for r in locs])
+    if isinstance(total, int) and renderer.global_max and total > renderer.global_max[0]: return ast
+    sub = unflatten(UOp.special(total, "gidx0"), glob) if glob else {}
+    sub.update(unflatten(UOp.special(lsz, "lidx0"), locs))
+  else:
+    lmax = renderer.local_max[0] if renderer.local_max else 1
+    lsz = 1 if dont_use_locals else min(total, 128, lmax) if isinstance(total, int) else min(32, lmax)
+    groups = ceildiv(total, lsz)
+    if isinstance(groups, int) and renderer.global_max and groups > renderer.global_max[0]: return ast
+    flat = UOp.special(groups, "gidx0") * lsz + UOp.special(lsz, "lidx0") if lsz != 1 else UOp.special(groups, "gidx0")
+    exact = isinstance(total, int) and total % lsz == 0
+    sub = unflatten(flat if exact else flat.minimum(total - 1), glob)
+    if not exact: gate = flat < total
+  stores = [u for u in body.toposort if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL] if gate is not None else []
+  if stores and gate is not None: body = body.substitute({st: _gated(st, gate) for st in stores})
+  body = body.substitute(sub)
+  return ast.replace(src=(UOp(Ops.END, dtypes.void, (body, *rest)) if rest else body,))
 
 
-def lower_reduces(ast: UOp) -> UOp:
+def _gated(st: UOp, gate: UOp) -> UOp:
+  """STORE `st` with `gate` and-ed into its INDEX's gate."""
+  ix = st.src[0]
+  return st.replace(src=(ix.replace(src=(*ix.src[:2], gate if len(ix.src) == 2 else ix.src[2] & gate)), st.src[1]))
+
+
+def drop_unit_ranges(ast: UOp) -> UOp:
+  """Ranges of size 1 (left by splitting a whole axis off) become the index 0 and leave the END/REDUCE range lists."""
+  unit = {u for u in ast.toposort if u.op is Ops.RANGE and u.src[0].op is Ops.CONST and u.src[0].arg == 1}
+  if not unit: return ast
+  zero = UOp.const(dtypes.index, 0)
+  done: dict[UOp, UOp] = {}
+  for u in ast.toposort:
+    if u in unit:
+      done[u] = zero
+      continue
+    if u.op in (Ops.END, Ops.REDUCE) and any(r in unit for r in u.src[1:]):
+      rest = tuple(done[r] for r in u.src[1:] if r not in unit)
+      if u.op is Ops.END and not rest: done[u] = done[u.src[0]]
+      elif u.op is Ops.REDUCE and not rest: done[u] = UOp(Ops.REDUCE, u.dtype, (done[u.src[0]],), u.arg)
+      else: done[u] = UOp(u.op, u.dtype, (done[u.src[0]], *rest), u.arg)
+      continue
+    new_src = tuple(done[s] for s in u.src)
+    done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+  return done[ast]
+
+
+def lower_group_reduces(ast: UOp) -> UOp:
+  """A REDUCE over a GROUP_REDUCE range g (the GROUP action): each of the g threads of the workgroup reduces its share
+  into a register, writes it to workgroup memory, and after a barrier every thread combines the g partial results
+  (one store, by the thread with g == 0). The workgroup memory is indexed by the flat position among the kernel's
+  LOCAL and GROUP_REDUCE ranges, so other local axes keep their own slots."""
+  reds = [u for u in ast.toposort if u.op is Ops.REDUCE and any(r.arg[1] is AxisType.GROUP_REDUCE for r in u.src[1:])]
+  if not reds: return ast
+  if len(reds) != 1 or len(ast.src) != 1: raise ValueError("a GROUP_REDUCE range needs a kernel with one reduction and one store")
+  red, end = reds[0], ast.src[0]
+  if end.op is not Ops.END: end = UOp(Ops.END, dtypes.void, (end,))  # a single output: no loops around the store
+  (g,) = [r for r in red.src[1:] if r.arg[1] is AxisType.GROUP_REDUCE]
+  own = tuple(r for r in red.src[1:] if r is not g)
+  locs = [r for r in end.src[1:] if r.arg[1] is AxisType.LOCAL] + [g]
+  sizes = [r.src[0].arg for r in locs]
+  def flat_of(rs: list[UOp]) -> UOp:
+    out: UOp = UOp.const(dtypes.index, 0)
+    for r, st in zip(rs, [prod(sizes[n + 1:]) for n in range(len(sizes))]): out = out + r * st
+    return out
+  partial = UOp(Ops.REDUCE, red.dtype, (red.src[0], *own), red.arg) if own else red.src[0]
+  smem = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(prod(sizes), AddrSpace.LOCAL), (), "group_partials")
+  bar = UOp(Ops.BARRIER, dtypes.void, (smem.index(flat_of(locs)).store(partial),))
+  g2 = UOp.range(g.src[0].arg, 1 + max(r.arg[0] for r in ast.toposort if r.op is Ops.RANGE), AxisType.REDUCE)
+  combined = UOp(Ops.REDUCE, red.dtype, (UOp(Ops.LOAD, red.dtype, (smem.index(flat_of(locs[:-1] + [g2])), bar)), g2), red.arg)
+  body = end.src[0].substitute({red: combined})
+  first = g < 1
+  stores = [u for u in body.toposort if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+  body = body.substitute({st: _gated(st, first) for st in stores})
+  return ast.replace(src=(UOp(Ops.END, dtypes.void, (body, *end.src[1:], g)),))
+
+
+def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
   """REDUCE(value, *ranges) → an accumulator: `acc = identity` before the loops, `acc = acc op value` inside them,
-  and a read of `acc` after the loops end. Extra sources on the STORE/LOAD pin where the linearizer places them."""
+  and a read of `acc` after the loops end. Extra sources on the STORE/LOAD pin where the linearizer places them.
+
+  Reductions over the same ranges (the copies the expander made of one reduction) share one loop. A value that is an
+  UNROLL of n values (an unrolled reduce axis) folds them in order into the accumulator; with `mulacc`, a float ADD of
+  a product becomes MULACC (a fused multiply-add, one rounding)."""
   topo = ast.toposort
   reduces = [u for u in topo if u.op is Ops.REDUCE]
   if not reduces: return ast
@@ -60,18 +136,43 @@ def lower_reduces(ast: UOp) -> UOp:
   around: dict[UOp, frozenset[UOp]] = {ast: frozenset()}
   for u in reversed(topo):
     inside = around.get(u, frozenset()) | (frozenset(u.src[1:]) if u.op in (Ops.END, Ops.REDUCE) else frozenset())
-    for i, s in enumerate(u.src): around[s] = around.get(s, frozenset()) | (inside if i == 0 else around.get(u, frozenset()))
+    for i, s in enumerate(u.src):
+      if u.op is Ops.LOAD and i and s.dtype is dtypes.void: continue  # an ordering source (a barrier) is not inside the loop
+      around[s] = around.get(s, frozenset()) | (inside if i == 0 else around.get(u, frozenset()))
   ids = itertools.count()
   sub: dict[UOp, UOp] = {}
+  groups: dict[tuple[UOp, ...], list[tuple[UOp, UOp]]] = {}  # own ranges -> (reduce, its update)
+  pending: dict[UOp, tuple[UOp, ...]] = {}  # reduce -> its group, until the group's loop is built
+  def flush(own: tuple[UOp, ...]) -> None:
+    members = groups.pop(own)
+    updates = [upd for _, upd in members]
+    loop = split_end(updates[0] if len(updates) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(updates)), own)
+    for red, upd in members:
+      sub[red] = UOp(Ops.LOAD, red.dtype, (upd.src[0], loop))
+      del pending[red]
   for red in reduces:  # sources first, so an inner reduction is already replaced when an outer one is built
+    for own in {pending[r] for r in red.src[0].toposort if r in pending}: flush(own)
     value, own = red.src[0].substitute(sub), red.src[1:]
-    context = tuple(sorted(around[red] | {r for r in value.toposort if r.op is Ops.RANGE and r not in own}, key=lambda r: r.arg[0]))
+    vals = value.src if value.op is Ops.UNROLL else (value,)
+    if not own:  # nothing to loop over (a fully unrolled axis): fold the values, no accumulator
+      cur = vals[0]
+      for v in vals[1:]: cur = UOp(red.arg, red.dtype, (cur, v))
+      sub[red] = cur
+      continue
+    vtopo = value.toposort
+    closed = {r for e in vtopo if e.op is Ops.END for r in e.src[1:]}  # loops of inner reductions, already lowered
+    context = tuple(sorted(around[red] | {r for r in vtopo if r.op is Ops.RANGE and r not in own and r not in closed}, key=lambda r: r.arg[0]))
     acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1, AddrSpace.REG), (), next(ids))
     idx = UOp(Ops.INDEX, acc.dtype, (acc, UOp.const(dtypes.index, 0)))
     init = UOp(Ops.STORE, dtypes.void, (idx, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *context))
     cur = UOp(Ops.LOAD, red.dtype, (idx, init, *own))
-    update = UOp(Ops.STORE, dtypes.void, (idx, UOp(red.arg, red.dtype, (cur, value))))
-    sub[red] = UOp(Ops.LOAD, red.dtype, (idx, split_end(update, own)))
+    for v in vals:
+      if mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype): cur = UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur))
+      else: cur = UOp(red.arg, red.dtype, (cur, v))
+    update = UOp(Ops.STORE, dtypes.void, (idx, cur))
+    groups.setdefault(own, []).append((red, update))
+    pending[red] = own
+  for own in list(groups): flush(own)
   return ast.substitute(sub)
 
 
@@ -84,29 +185,3 @@ def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
 def split_ends(ast: UOp) -> UOp:
   sub = {u: split_end(u.src[0], u.src[1:]) for u in ast.toposort if u.op is Ops.END and len(u.src) > 2}
   return ast.substitute(sub) if sub else ast
-
-
-def upcast_reduce(ast: UOp, renderer: Renderer, width: int = 16) -> UOp:
-  """On a device without workgroups, a kernel with one reduction keeps `width` accumulators along its innermost output
-  loop j: j splits into (jo, ji) and the reduction loop runs outside a small ji loop (i-k-j order), so the inner loop
-  walks contiguous memory and the C compiler vectorizes it. Applies when j's size is a multiple of `width` and the
-  reduction depends on j."""
-  if renderer.has_local or len(ast.src) != 1 or ast.src[0].op is not Ops.END: return ast
-  end = ast.src[0]
-  store, outs = end.src[0], end.src[1:]
-  reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
-  if store.op is not Ops.STORE or not outs or len(reds) != 1: return ast
-  j, red = outs[-1], reds[0]
-  if j.src[0].op is not Ops.CONST or j.src[0].arg % width or j not in red.src[0].toposort: return ast
-  nid = 1 + max(r.arg[0] for r in ast.toposort if r.op is Ops.RANGE)
-  jo, ji, ja, jb = (UOp.range(j.src[0].arg // width if n == 0 else width, nid + n, AxisType.LOOP) for n in range(4))
-  jsub = jo * width + ji
-  own = red.src[1:]
-  acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(width, AddrSpace.REG), (), 1 << 20)
-  init = split_end(UOp(Ops.STORE, dtypes.void, (acc.index(ja), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *outs[:-1], jo)), (ja,))
-  cur = UOp(Ops.LOAD, red.dtype, (acc.index(jb), init, *own, jb))
-  value = red.src[0].substitute({j: jo * width + jb})
-  update = UOp(Ops.STORE, dtypes.void, (acc.index(jb), UOp(red.arg, red.dtype, (cur, value))))
-  result = UOp(Ops.LOAD, red.dtype, (acc.index(ji), split_end(update, (*own, jb))))
-  new_store = store.substitute({red: result, j: jsub})
-  return ast.replace(src=(UOp(Ops.END, dtypes.void, (new_store, *outs[:-1], jo, ji)),))

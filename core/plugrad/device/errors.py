@@ -46,3 +46,7 @@ class CompileError(DeviceError):
 
 class LaunchError(DeviceError):
   """A runtime raised while launching a kernel."""
+
+
+class UnsupportedDTypeError(DeviceError, TypeError):
+  """A dtype the device cannot hold or compute in (its renderer's `dtype_support` said why)."""

@@ -61,7 +61,9 @@ class CompiledDevice:
     return obj
 
   @functools.cached_property
-  def renderer(self) -> Any: return self._component("plugrad_renderer", "renderer")
+  def renderer(self) -> Any:
+    from plugrad.device import search  # noqa: F401  (registers BEAM's timer with the codegen, which uses the renderer next)
+    return self._component("plugrad_renderer", "renderer")
   @functools.cached_property
   def compiler(self) -> Any: return self._component("plugrad_compiler", "compiler", renderer=self.renderer)
   @functools.cached_property

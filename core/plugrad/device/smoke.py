@@ -113,4 +113,5 @@ def run_smoke(device: str) -> SmokeResult:
     bad = int(np.flatnonzero(got != want)[0])
     why = f"wrong result: out[{bad}] = {float(got[bad])!r}, expected {float(want[bad])!r} (a[{bad}] + 1)"
     return SmokeResult(dev.name, False, why, True, "check", took)
-  return SmokeResult(dev.name, True, f"out[i] = a[i] + 1 over {SMOKE_SIZE} float32s computed correctly", True, seconds=took)
+  where = f" on {desc}" if (desc := dev.runtime.describe()) else ""
+  return SmokeResult(dev.name, True, f"out[i] = a[i] + 1 over {SMOKE_SIZE} float32s computed correctly{where}", True, seconds=took)

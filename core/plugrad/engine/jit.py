@@ -277,6 +277,10 @@ class _Output:
 
 def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> CapturedJit:
   if not items: raise JitError(f"TinyJit({name}) launched no kernels in the captured call: there is nothing to replay")
+  if drew := [ei.name for ei in items if ei.runner is not None and any(u.op is Ops.THREEFRY for u in ei.runner.program.ast.toposort)]:
+    # the random counter is a constant of the kernel: every replay would draw the same numbers
+    raise JitError(f"TinyJit({name}): kernels {drew} draw random numbers (Tensor.rand, dropout, ...) inside the captured call, and a replay "
+                   "would repeat them; draw them outside the jitted function and pass them in as Tensor arguments")
   in_bufs = [buffer_of(b) for _, b in call.inputs]
   outs = _tensors(ret)
   out_bufs = [_base_buffer(t.uop) for t in outs]

@@ -17,7 +17,7 @@ from plugrad.dtype import dtypes
 ALIGN = 256  # bytes: every planned buffer starts at a multiple (wide vector loads, GPU storage-buffer offsets)
 
 
-@dataclass
+@dataclass(repr=False)
 class MemoryPlan:
   """`replace` maps each planned buffer to the buffer (or arena view) that takes its place; the byte figures count
   planned buffers only: `bytes_before` is their sum, `bytes_after` what the plan allocates."""
@@ -29,6 +29,8 @@ class MemoryPlan:
     saved = 1 - self.bytes_after / self.bytes_before if self.bytes_before else 0.0
     return (f"memory planner: {len(self.replace)} intermediate buffers, {self.bytes_before:,} -> {self.bytes_after:,} bytes "
             f"({saved:.0%} saved)")
+
+  __repr__ = __str__
 
 
 def _round(n: int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN

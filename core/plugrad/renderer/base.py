@@ -9,12 +9,16 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from plugrad.dtype import DType, dtypes
 from plugrad.renderer.tensor_cores import TensorCore
 from plugrad.uop.ops import Ops, UOp
 
 # The capabilities a renderer may claim (docs/writing-a-backend.md): dtypes it computes in, and features it lowers to.
 CAPABILITIES = frozenset({"float16", "bfloat16", "float64", "int64", "locals", "shared", "tensor_cores", "images"})
 Dims3 = tuple[int, int, int]
+# the dtypes a device may lack, and the capability that says it has them (every device has bool, the 8-32 bit integers and float32)
+_DTYPE_CAPABILITY: dict[DType, str] = {dtypes.float16: "float16", dtypes.bfloat16: "bfloat16", dtypes.float64: "float64", dtypes.int64: "int64",
+                                       dtypes.uint64: "int64"}
 
 
 class RendererError(ValueError):
@@ -31,6 +35,7 @@ class Renderer(abc.ABC):
   local_max: Dims3 | None = None            # the largest workgroup per dimension; None = no limit
   shared_max: int = 0                       # bytes of DEFINE_LOCAL memory one kernel may use
   supports_float4: bool = False             # vector loads and stores (LOAD/STORE of T.vec(n))
+  vector_width: int = 1                     # float lanes the optimizer may put in one vector value (1: no vectors)
   tensor_cores: tuple[TensorCore, ...] = ()  # the WMMA instructions the renderer can emit
   capabilities: frozenset[str] = frozenset()
 
@@ -39,6 +44,13 @@ class Renderer(abc.ABC):
     self.device = device
 
   def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}>"
+
+  def dtype_support(self, dt: DType) -> str | None:
+    """None when the device can hold and compute scalar dtype `dt`, else why not (a short phrase). The Tensor calls that
+    create or cast to a dtype ask this, so an unsupported dtype fails where the user wrote it, never as a wrong result.
+    The default reads the dtype capabilities; a backend overrides it to give the real reason."""
+    cap = _DTYPE_CAPABILITY.get(dt.scalar())
+    return None if cap is None or cap in self.capabilities else f"its renderer does not declare the {cap!r} capability"
 
   @abc.abstractmethod
   def render(self, program: UOp) -> str:

@@ -112,6 +112,11 @@ class CStyleRenderer(Renderer):
     semantics and no rounding or narrowing to add (else the base renders it lane by lane)."""
     return False
 
+  def render_vector_alu(self, op: Ops, dt: DType, args: Sequence[str]) -> str | None:
+    """`op` on whole vectors of C-level dtype `dt` as one native expression (e.g. a vector fused multiply-add), or None
+    for the base's handling (native infix operators, else lane by lane)."""
+    return None
+
   def to_storage(self, x: str, dt: DType) -> str: return x    # a scalar value of dtype `dt` → its memory representation
   def from_storage(self, x: str, dt: DType) -> str: return x  # and back
 
@@ -272,11 +277,10 @@ class CStyleRenderer(Renderer):
     for u in uops:
       for s in u.src: idx_users.setdefault(s, []).append(u)
     for d in (u for u in uops if u.op is Ops.DEFINE_REG):
-      if d.dtype.base.count != 1: continue
       ok = True
       for ix in idx_users.get(d, []):
         ok &= ix.op is Ops.INDEX and len(ix.src) == 2 and ix.src[1].op is Ops.CONST and 0 <= ix.src[1].arg < _size(d.dtype)
-        ok &= all(m.op in (Ops.LOAD, Ops.STORE) and m.src[0] is ix and (m.dtype if m.op is Ops.LOAD else m.src[1].dtype).count == 1
+        ok &= all(m.op in (Ops.LOAD, Ops.STORE) and m.src[0] is ix and (m.dtype if m.op is Ops.LOAD else m.src[1].dtype).count == d.dtype.base.count
                   for m in idx_users.get(ix, []))
       if ok: self._regs_as_vars.add(d)
 
@@ -330,7 +334,8 @@ class CStyleRenderer(Renderer):
     elif op is Ops.BITCAST: self._define(i, u, self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype))
     elif op in GroupOp.ALU:
       sdt = u.src[-1].dtype if op is Ops.WHERE else u.src[0].dtype
-      if u.dtype.count > 1 and (op in _INFIX or op is Ops.NEG) and op not in GroupOp.Comparison and self.native_vector_op(op, self.cdt(u.dtype)):
+      if u.dtype.count > 1 and (vec := self.render_vector_alu(op, self.cdt(u.dtype), [r[s] for s in u.src])) is not None: self._define(i, u, vec)
+      elif u.dtype.count > 1 and (op in _INFIX or op is Ops.NEG) and op not in GroupOp.Comparison and self.native_vector_op(op, self.cdt(u.dtype)):
         a = [r[s] for s in u.src]
         self._define(i, u, f"(-{a[0]})" if op is Ops.NEG else f"({a[0]}{_INFIX[op]}{a[1]})")
       else: self._define(i, u, self._lanewise(u.dtype, list(u.src), lambda a: self.alu(op, u.dtype.scalar(), sdt.scalar(), a, u.src)))
@@ -497,6 +502,9 @@ class CStyleRenderer(Renderer):
 
   def _load(self, i: int, u: UOp) -> None:
     p, dt = self.ptrs[u.src[0]], u.dtype
+    if len(p.lanes) == 1 and p.lanes[0].var and dt.count > 1:  # a vector register kept as one variable
+      self._define(i, u, p.lanes[0].base)
+      return
     alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
     elem = p.elem
     def one(ln: Lane, off: int, j: int) -> str:
@@ -516,6 +524,9 @@ class CStyleRenderer(Renderer):
   def _store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]
     v, dt = self.r[val], val.dtype
+    if len(p.lanes) == 1 and dt.count > 1 and p.lanes[0].var:
+      self.line(f"{p.lanes[0].base} = {v};")
+      return
     if len(p.lanes) == 1 and dt.count > 1 and not p.lanes[0].var:
       ln = p.lanes[0]
       st = f"*(({self.tname(self.mdt(dt))}*)({ln.base}+{ln.idx if ln.idx is not None else 0})) = {self.convert(v, dt, True)};"

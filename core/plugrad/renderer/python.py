@@ -72,6 +72,7 @@ def get_target(name: str) -> Target:
 class PythonRenderer(Renderer):
   """The PYTHON device's renderer. `emulate` (default: the EMULATE environment variable) picks the described device."""
   supports_float4 = True
+  vector_width = 4  # exercises the expander's vector lanes in the interpreter
   has_local = has_shared = True
 
   def __init__(self, device: str, emulate: str | None = None):

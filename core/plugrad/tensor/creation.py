@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
 from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
@@ -20,6 +20,21 @@ def canonical_device(device: str | None) -> str:
   from plugrad.device.registry import Device
   if device is not None and not isinstance(device, str): raise TypeError(f"device must be a device name str or None, got {type(device).__name__}")
   return Device.canonicalize(device) if device is not None else Device.DEFAULT
+
+
+# the dtypes a device may lack (Renderer.dtype_support); every other dtype is never checked, so the common case costs nothing
+MAY_LACK = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.float64, dtypes.int64, dtypes.uint64})
+
+
+def require_dtype(device: Any, dt: DType, why: str = "") -> None:
+  """Raise UnsupportedDTypeError when `device` cannot hold or compute `dt` (its renderer's `dtype_support` says why).
+  `why` says what needed the dtype when the user did not ask for it by name (a random draw's uint64 bits)."""
+  if dt.scalar() not in MAY_LACK or not isinstance(device, str): return
+  from plugrad.device.errors import UnsupportedDTypeError
+  from plugrad.device.registry import Device
+  if (reason := Device[device].renderer.dtype_support(dt.scalar())) is not None:
+    name = INVERSE_NAMES.get(dt.scalar(), str(dt))
+    raise UnsupportedDTypeError(f"{device} does not support {name} ({reason}){f'; {why} needs it' if why else ''}")
 
 
 def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:

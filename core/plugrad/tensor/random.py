@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.creation import canonical_device
+from plugrad.tensor.creation import canonical_device, require_dtype
 from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
 
@@ -32,6 +32,7 @@ def manual_seed(seed: int = 0) -> None:
 
 def random_bits(n: int, device: str) -> UOp:
   """`n` uint64 words of random bits on `device`, the next `n` of its stream."""
+  require_dtype(device, _U64, "a random draw (threefry on uint64 counters)")
   offset = _RNG.offsets.get(device, 0)
   _RNG.offsets[device] = offset + n
   index = iota(n, device, dtypes.int64 if n > dtypes.max(dtypes.int32) else dtypes.int32)

@@ -80,12 +80,15 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
       if device is not None and (dev := cr.canonical_device(device)) != uop.tensor_device: uop = UOp(Ops.COPY, uop.dtype, (uop, device_uop(dev)))
     else: uop = cr.uop_from_data(data, cr.canonical_device(device), dt)
     if dt is not None and uop.dtype is not dt: uop = uop.cast(dt)
+    if uop.dtype in cr.MAY_LACK: cr.require_dtype(uop.tensor_device, uop.dtype)
     self.uop, self.requires_grad, self.grad = uop, requires_grad, None
     _live.add(self)
 
   @classmethod
   def _wrap(cls, uop: UOp) -> Tensor:
-    """A Tensor around an existing graph node (no checks; the op methods use this)."""
+    """A Tensor around an existing graph node (the op methods use this). The only check: a dtype the device may lack
+    (`cr.MAY_LACK`) must be one it has, so every op that makes or casts to such a dtype fails where it is written."""
+    if uop.dtype in cr.MAY_LACK: cr.require_dtype(uop.tensor_device, uop.dtype)
     t = object.__new__(cls)
     t.uop, t.requires_grad, t.grad = uop, None, None
     _live.add(t)

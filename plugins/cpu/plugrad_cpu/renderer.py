@@ -96,6 +96,19 @@ class CPURenderer(CStyleRenderer):
   def native_vector_op(self, op: Ops, dt: DType) -> bool:
     return self._gnu(dt) and dt.scalar() in _NATIVE_VEC and op in _NATIVE_OPS and (op is not Ops.FDIV or dtypes.is_float(dt))
 
+  def render_vector_alu(self, op: Ops, dt: DType, args: Sequence[str]) -> str | None:
+    # MULACC on float vectors: one fused multiply-add instruction where the target has FMA (the compiler flags forbid
+    # contracting a*b+c on its own), else fmaf lane by lane; both round once, like the interpreter
+    if op is not Ops.MULACC or dt.scalar() is not dtypes.float32 or dt.count not in (4, 8, 16): return None
+    t, fn = self.tname(dt), f"pg_fma_{self.vector_name(dt)}"
+    builtin = {16: "__builtin_ia32_vfmaddps512_mask", 8: "__builtin_ia32_vfmaddps256", 4: "__builtin_ia32_vfmaddps"}[dt.count]
+    guard = {16: "defined(__AVX512F__)", 8: "defined(__FMA__) && defined(__AVX__)", 4: "defined(__FMA__)"}[dt.count]
+    extra = ", (unsigned short)-1, 4" if dt.count == 16 else ""  # all lanes, the current rounding mode
+    lanes = ", ".join(f"__builtin_fmaf(a[{j}], b[{j}], c[{j}])" for j in range(dt.count))
+    self.need(fn, f"#if {guard}\n{self.helper_prefix}{t} {fn}({t} a, {t} b, {t} c) {{ return ({t}){builtin}(a, b, c{extra}); }}\n#else\n"
+                  f"{self.helper_prefix}{t} {fn}({t} a, {t} b, {t} c) {{ return ({t}){{{lanes}}}; }}\n#endif")
+    return f"{fn}({', '.join(args)})"
+
   def native_cast(self, x: str, src: DType, dst: DType) -> str | None:
     s, d = self.cdt(src), self.cdt(dst)
     ok = self._gnu(s) and self._gnu(d) and not (dtypes.is_float(s) and not dtypes.is_float(d)) and \
@@ -161,14 +174,14 @@ class CPURenderer(CStyleRenderer):
 
 def parallel_range(uops: Sequence[UOp]) -> UOp | None:
   """The loop whose iterations may run on different threads, or None: the only top-level RANGE, of axis type LOOP or
-  GLOBAL (never REDUCE), when nothing outside it stores to memory, reads memory after it, or reads a buffer it writes."""
+  GLOBAL or THREAD (never REDUCE), when nothing outside it stores to memory, reads memory after it, or reads a buffer it writes."""
   depth, top, span = 0, [], {}
   for i, u in enumerate(uops):
     if u.op in (Ops.ENDRANGE, Ops.ENDIF): depth -= 1
     if depth == 0 and u.op is Ops.RANGE: top.append(u)
     if u.op is Ops.ENDRANGE and depth == 0: span[u.src[0]] = i
     if u.op in (Ops.RANGE, Ops.IF): depth += 1
-  if len(top) != 1 or top[0].arg[1] not in (AxisType.LOOP, AxisType.GLOBAL): return None
+  if len(top) != 1 or top[0].arg[1] not in (AxisType.LOOP, AxisType.GLOBAL, AxisType.THREAD): return None
   r = top[0]
   if (end := span.get(r)) is None: return None
   start = uops.index(r)

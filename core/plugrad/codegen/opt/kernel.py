@@ -1,0 +1,248 @@
+"""Optimization actions on a kernel AST: `Opt(op, axis, amount)` applied by a `Scheduler`.
+
+A kernel AST (docs/ir.md, stage 2) loops over RANGEs; every action works by splitting one RANGE `r` of size `s` into
+an outer range of size `s/amount` and an inner one of size `amount` (`r = outer*amount + inner`, or
+`inner*(s/amount) + outer` for GROUPTOP), and retagging the inner one with the AxisType that tells the lowering
+what to do with it (docs/optimizer.md). The outer range keeps `r`'s place in the axis lists, so the axis numbers of
+the other axes do not move when an action is applied.
+
+Axis numbers: UPCAST, LOCAL, THREAD, SWAP count among the *output axes* (ranges of type LOOP or GLOBAL, in loop
+order); UNROLL, GROUP, GROUPTOP among the *reduce axes* (type REDUCE, in first-use order); PADTO among the output
+axes followed by the reduce axes; TC's axis picks among the renderer's matching tensor cores.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from plugrad.helpers import prod
+from plugrad.renderer.base import Renderer
+from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
+
+
+class OptOps(enum.Enum):
+  TC = enum.auto(); UPCAST = enum.auto(); UNROLL = enum.auto(); LOCAL = enum.auto(); THREAD = enum.auto()
+  GROUP = enum.auto(); GROUPTOP = enum.auto(); NOLOCALS = enum.auto(); PADTO = enum.auto(); SWAP = enum.auto()
+
+  def __repr__(self) -> str: return f"OptOps.{self.name}"
+
+
+@dataclass(frozen=True, order=True)
+class Opt:
+  """One action: `op` on axis `axis` by `amount` (0 = the whole axis, for UPCAST/UNROLL/LOCAL/GROUP; SWAP: the other
+  axis; TC: unused)."""
+  op: OptOps
+  axis: int | None = None
+  amount: int | None = None
+
+  def __repr__(self) -> str: return f"Opt(op={self.op!r}, axis={self.axis}, amount={self.amount})"
+
+
+class KernelOptError(ValueError):
+  """An action that cannot be applied to this kernel on this renderer; the message says why."""
+
+
+MAX_UPCAST = 256          # register lanes (product of UPCAST and UNROLL sizes) a kernel may ask for
+_OUTPUT_TYPES = (AxisType.LOOP, AxisType.GLOBAL)
+_LOCAL_TYPES = (AxisType.LOCAL, AxisType.GROUP_REDUCE)
+
+
+def _size(r: UOp) -> int | None:
+  b = r.src[0]
+  return b.arg if b.op is Ops.CONST else None
+
+
+class Scheduler:
+  """A kernel AST and the actions applied to it so far. `apply_opt` raises KernelOptError (leaving the scheduler as it
+  was) when an action is invalid; `get_optimized_ast()` is the AST with the applied list in its KernelInfo."""
+
+  def __init__(self, ast: UOp, renderer: Renderer):
+    if ast.op is not Ops.SINK: raise KernelOptError(f"the scheduler needs a kernel AST rooted at a SINK, got {ast.op!r}")
+    self.ast, self.renderer = ast, renderer
+    self.info: KernelInfo = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
+    self.applied: list[Opt] = list(self.info.applied_opts)
+    self.dont_use_locals = self.info.dont_use_locals
+    self._next_id = 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
+
+  def copy(self) -> Scheduler:
+    k = Scheduler.__new__(Scheduler)
+    k.ast, k.renderer, k.info, k.applied = self.ast, self.renderer, self.info, list(self.applied)
+    k.dont_use_locals, k._next_id = self.dont_use_locals, self._next_id
+    return k
+
+  # ---- what the kernel looks like
+  @property
+  def ends(self) -> list[UOp]: return [u for u in self.ast.src if u.op is Ops.END]
+
+  @property
+  def reduces(self) -> list[UOp]: return [u for u in self.ast.toposort if u.op is Ops.REDUCE]
+
+  def ranges_of(self, *types: AxisType) -> list[UOp]:
+    """Ranges of the given types: those closed by the kernel's ENDs in loop order first, then the reductions' ones."""
+    seen: dict[UOp, None] = {}
+    for e in self.ends:
+      for r in e.src[1:]: seen[r] = None
+    for red in self.reduces:
+      for r in red.src[1:]: seen[r] = None
+    return [r for r in seen if r.arg[1] in types]
+
+  @property
+  def output_axes(self) -> list[UOp]: return self.ranges_of(*_OUTPUT_TYPES)
+  @property
+  def reduce_axes(self) -> list[UOp]: return self.ranges_of(AxisType.REDUCE)
+  @property
+  def full_shape(self) -> list[int | None]: return [_size(r) for r in self.output_axes + self.reduce_axes]
+
+  def upcast_size(self) -> int: return prod(_size(r) or 1 for r in self.ranges_of(AxisType.UPCAST, AxisType.UNROLL))
+  def local_size(self) -> int: return prod(_size(r) or 1 for r in self.ranges_of(*_LOCAL_TYPES))
+
+  # ---- applying actions
+  def apply_opts(self, opts: tuple[Opt, ...] | list[Opt]) -> Scheduler:
+    for o in opts: self.apply_opt(o)
+    return self
+
+  def apply_opt(self, opt: Opt) -> None:
+    if not isinstance(opt, Opt): raise KernelOptError(f"an action must be an Opt, got {type(opt).__name__} {opt!r}")
+    before = (self.ast, self.dont_use_locals, self._next_id)
+    try: self._apply(opt)
+    except KernelOptError:
+      self.ast, self.dont_use_locals, self._next_id = before
+      raise
+    self.applied.append(opt)
+
+  def _axis(self, axes: list[UOp], opt: Opt, what: str) -> UOp:
+    if not isinstance(opt.axis, int) or not 0 <= opt.axis < len(axes):
+      raise KernelOptError(f"{opt}: axis must be the number of one of the {len(axes)} {what} axes of kernel {self.info.name!r}")
+    return axes[opt.axis]
+
+  def _amount(self, r: UOp, opt: Opt) -> int:
+    size = _size(r)
+    if size is None: raise KernelOptError(f"{opt}: the axis has the symbolic size {r.src[0].render()}; only constant sizes can be split")
+    amt = size if opt.amount == 0 else opt.amount
+    if not isinstance(amt, int) or amt < 1: raise KernelOptError(f"{opt}: amount must be a positive int (0 = the whole axis)")
+    if size % amt: raise KernelOptError(f"{opt}: the axis has size {size}, which {amt} does not divide (PADTO it first)")
+    return amt
+
+  def _apply(self, opt: Opt) -> None:
+    op, rd = opt.op, self.renderer
+    if self.applied and self.applied[-1].op is OptOps.TC and op is OptOps.TC: raise KernelOptError(f"{opt}: TC was already applied")
+    if op is OptOps.TC:
+      if self.applied: raise KernelOptError(f"{opt}: TC must be the first action (it rewrites the reduction)")
+      from plugrad.codegen.opt.tc import apply_tc
+      self.ast = apply_tc(self, opt)
+      return
+    if op is OptOps.NOLOCALS:
+      if not rd.has_local: raise KernelOptError(f"{opt}: {rd.device} has no workgroups")
+      if self.dont_use_locals or self.ranges_of(*_LOCAL_TYPES): raise KernelOptError(f"{opt}: the kernel already uses (or refused) locals")
+      self.dont_use_locals = True
+      return
+    if op is OptOps.SWAP:
+      axes = self.output_axes
+      a, b = self._axis(axes, opt, "output"), self._axis(axes, Opt(op, opt.amount), "output")
+      if a is b: raise KernelOptError(f"{opt}: swapping an axis with itself")
+      self._reorder({a: b, b: a})
+      return
+    if op is OptOps.PADTO:
+      self._padto(self._axis(self.output_axes + self.reduce_axes, opt, "output or reduce"), opt)
+      return
+    if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
+      r = self._axis(self.output_axes, opt, "output")
+      amt = self._amount(r, opt)
+      if op is OptOps.UPCAST:
+        if self.upcast_size() * amt > MAX_UPCAST: raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
+        self._split(r, amt, AxisType.UPCAST)
+      elif op is OptOps.LOCAL:
+        if not rd.has_local or self.dont_use_locals: raise KernelOptError(f"{opt}: {rd.device} has no workgroups (or NOLOCALS was applied)")
+        limit = min(rd.local_max[0] if rd.local_max else 1024, 1024)
+        if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
+        self._split(r, amt, AxisType.LOCAL)
+      else:
+        if rd.has_local: raise KernelOptError(f"{opt}: THREAD splits work across host threads; {rd.device} has workgroups (use LOCAL)")
+        if self.ranges_of(AxisType.THREAD): raise KernelOptError(f"{opt}: the kernel already has a THREAD axis")
+        size = _size(r)
+        assert size is not None
+        outer, inner = self.new_range(amt, AxisType.THREAD), self.new_range(size // amt, r.arg[1])
+        self.ast = replace_range(self.ast, r, outer * (size // amt) + inner, (inner,), front=(outer,))
+      return
+    if op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):
+      r = self._axis(self.reduce_axes, opt, "reduce")
+      amt = self._amount(r, opt)
+      if op is OptOps.UNROLL:
+        if self.upcast_size() * amt > MAX_UPCAST: raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
+        self._split(r, amt, AxisType.UNROLL)
+        return
+      if not (rd.has_local and rd.has_shared) or self.dont_use_locals:
+        raise KernelOptError(f"{opt}: {rd.device} has no workgroup memory to combine partial reductions in (or NOLOCALS was applied)")
+      reds = [u for u in self.reduces if r in u.src[1:]]
+      if len(self.reduces) != 1 or len(reds) != 1: raise KernelOptError(f"{opt}: GROUP needs a kernel with exactly one reduction")
+      if self.ranges_of(AxisType.GROUP_REDUCE):
+        raise KernelOptError(f"{opt}: the reduction is already grouped")
+      if self.ranges_of(AxisType.UPCAST, AxisType.UNROLL): raise KernelOptError(f"{opt}: GROUP must come before UPCAST/UNROLL")
+      limit = min(rd.local_max[0] if rd.local_max else 1024, 1024)
+      if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
+      if self.local_size() * amt * reds[0].dtype.itemsize > rd.shared_max:
+        raise KernelOptError(f"{opt}: needs more than {rd.shared_max} bytes of shared memory")
+      self._split(r, amt, AxisType.GROUP_REDUCE, top=op is OptOps.GROUPTOP)
+      return
+    raise KernelOptError(f"unknown action {opt}")
+
+  def new_range(self, size: int | UOp, t: AxisType) -> UOp:
+    r = UOp.range(size, self._next_id, t)
+    self._next_id += 1
+    return r
+
+  def _split(self, r: UOp, amt: int, t: AxisType, top: bool = False) -> None:
+    size = _size(r)
+    assert size is not None
+    outer = self.new_range(size // amt, r.arg[1])
+    inner = self.new_range(amt, t)
+    expr = inner * (size // amt) + outer if top else outer * amt + inner
+    self.ast = replace_range(self.ast, r, expr, (outer, inner))
+
+  def _reorder(self, swap: dict[UOp, UOp]) -> None:
+    sub: dict[UOp, UOp] = {}
+    for e in self.ends: sub[e] = e.replace(src=(e.src[0], *(swap.get(x, x) for x in e.src[1:])))
+    self.ast = self.ast.substitute(sub)
+
+  def _padto(self, r: UOp, opt: Opt) -> None:
+    size = _size(r)
+    if size is None: raise KernelOptError(f"{opt}: the axis has a symbolic size")
+    if not isinstance(opt.amount, int) or opt.amount < 2: raise KernelOptError(f"{opt}: amount must be an int >= 2")
+    new = -(-size // opt.amount) * opt.amount
+    if new == size: raise KernelOptError(f"{opt}: the axis size {size} is already a multiple of {opt.amount}")
+    if new > 2 * size: raise KernelOptError(f"{opt}: padding {size} to {new} more than doubles the work")
+    nr = r.replace(src=(UOp.const(r.dtype, new),))
+    ok = nr < size
+    sub: dict[UOp, UOp] = {}
+    topo = self.ast.toposort
+    for u in topo:  # gate every memory access that depends on the padded range
+      if u.op is Ops.INDEX and r in u.src[1].toposort | (u.src[2].toposort if len(u.src) > 2 else {}):
+        sub[u] = u.replace(src=(u.src[0], u.src[1], ok if len(u.src) == 2 else (u.src[2] & ok)))
+    ast = self.ast.substitute(sub)
+    red_sub: dict[UOp, UOp] = {}
+    for red in (u for u in ast.toposort if u.op is Ops.REDUCE and r in u.src[1:]):
+      from plugrad.codegen.lower import reduce_identity
+      red_sub[red] = red.replace(src=(ok.where(red.src[0], red.src[0].const_like(reduce_identity(red.arg, red.dtype))), *red.src[1:]))
+    self.ast = ast.substitute(red_sub).substitute({r: nr})
+
+  def get_optimized_ast(self) -> UOp:
+    info = KernelInfo(self.info.name, tuple(self.applied), None, self.dont_use_locals)
+    return self.ast.replace(arg=info)
+
+
+def replace_range(ast: UOp, r: UOp, expr: UOp, parts: tuple[UOp, ...], front: tuple[UOp, ...] = ()) -> UOp:
+  """`ast` with RANGE `r` replaced by the index `expr`; in the range lists of END and REDUCE, `r` becomes `parts`
+  (and `front` goes first)."""
+  done: dict[UOp, UOp] = {}
+  for u in ast.toposort:
+    if u is r:
+      done[u] = expr
+      continue
+    if u.op in (Ops.END, Ops.REDUCE) and r in u.src[1:]:
+      rngs: list[UOp] = list(front)
+      for x in u.src[1:]: rngs.extend(parts if x is r else (done[x],))
+      done[u] = UOp(u.op, u.dtype, (done[u.src[0]], *rngs), u.arg)
+      continue
+    new_src = tuple(done[s] for s in u.src)
+    done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+  return done[ast]

@@ -1,0 +1,169 @@
+"""BEAM search (`BEAM=n`): find the actions that make a kernel fastest on the real device.
+
+Each step extends every kernel in the beam by one more action from `ACTIONS` (the invalid ones raise KernelOptError
+and are dropped), lowers and renders the new candidates here, compiles them in parallel worker processes (each
+compile under BEAM_TIMEOUT seconds), times them on the device with real buffers and keeps the `n` fastest (the beam
+itself stays in the running, so the search stops when a step finds nothing faster). The winner is run once more
+next to the unoptimized kernel on the same inputs and must give the same numbers; a candidate that does not is
+dropped with a warning (it is a compiler bug) and the next fastest is checked. The chosen actions are kept on disk
+per (renderer, kernel, n), so the next run applies them at once.
+
+Timing needs the device layer (buffers, compiler, runtime), which sits above the codegen: it registers a
+`CandidateTimer` factory with `register_timer_factory` (plugrad.device.search does so when the device layer loads).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
+from plugrad.helpers import DEBUG, cache_dir, getenv
+from plugrad.renderer.base import Renderer
+from plugrad.uop.ops import UOp
+from plugrad.uop.program import ProgramUOp, make_program
+
+
+class BeamError(RuntimeError):
+  """BEAM search cannot run (no timer for the device) or found no candidate that runs correctly."""
+
+
+class CandidateTimer(Protocol):
+  def compile_all(self, programs: list[ProgramUOp], timeout: float) -> list[bytes | None]:
+    """Each program's binary (None: it failed or took longer than `timeout` seconds), compiled in parallel."""
+  def time(self, program: ProgramUOp, limit: float) -> float:
+    """Seconds one launch takes on real buffers (the best of a few runs; a first run slower than `limit` stops early)."""
+  def same_results(self, program: ProgramUOp, reference: ProgramUOp) -> bool:
+    """Whether both give the same outputs on the same random inputs."""
+
+
+_timer_factory: list[Callable[[Renderer], CandidateTimer]] = []
+
+
+def register_timer_factory(fn: Callable[[Renderer], CandidateTimer]) -> None:
+  _timer_factory[:] = [fn]
+
+
+ACTIONS: list[Opt] = [Opt(OptOps.TC, 0)] + [Opt(OptOps.NOLOCALS)]
+for _ax in range(6):
+  ACTIONS += [Opt(OptOps.UPCAST, _ax, a) for a in (2, 3, 4, 6, 8, 16)] + [Opt(OptOps.LOCAL, _ax, a) for a in (2, 4, 8, 16, 32)]
+  ACTIONS += [Opt(OptOps.THREAD, _ax, a) for a in (2, 4, 8)] + [Opt(OptOps.PADTO, _ax, 32)]
+  ACTIONS += [Opt(OptOps.SWAP, _ax, b) for b in range(_ax + 1, 6)]
+for _ax in range(4):
+  ACTIONS += [Opt(OptOps.UNROLL, _ax, a) for a in (0, 2, 4, 8, 16, 32)] + [Opt(OptOps.GROUP, _ax, a) for a in (4, 8, 16, 32)]
+  ACTIONS += [Opt(OptOps.GROUPTOP, _ax, a) for a in (16, 64, 256)]
+
+
+def _children(k: Scheduler) -> list[Scheduler]:
+  out: list[Scheduler] = []
+  for o in ACTIONS:
+    c = k.copy()
+    try: c.apply_opt(o)
+    except KernelOptError: continue
+    out.append(c)
+  return out
+
+
+def _program(k: Scheduler) -> ProgramUOp | None:
+  from plugrad.codegen import lower
+  ast = k.get_optimized_ast()
+  try:
+    p = make_program(ast, k.renderer.device).with_linear(lower(ast, k.renderer))
+    return p.with_source(k.renderer.render(p))
+  except Exception as e:  # a lowering bug must not end the search; it is reported and the candidate dropped
+    if DEBUG >= 1: print(f"\nBEAM: {k.applied} failed to lower: {type(e).__name__}: {e}", file=sys.stderr)
+    return None
+
+
+def _cache_path(k: Scheduler, width: int) -> Any:
+  rd = k.renderer
+  ident = "|".join([type(rd).__module__, type(rd).__name__, str(rd.device).split(":")[0], str(getattr(rd, "emulate", "")),
+                    str(rd.vector_width), str(width), k.ast.to_python()])
+  return cache_dir() / "beam" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def cached_actions(k: Scheduler, width: int) -> list[Opt] | None:
+  path = _cache_path(k, width)
+  try: raw = json.loads(path.read_text())
+  except (OSError, ValueError): return None
+  try: return [Opt(OptOps[o], a, n) for o, a, n in raw]
+  except (KeyError, TypeError, ValueError): return None
+
+
+def _store(k: Scheduler, width: int, opts: list[Opt]) -> None:
+  path = _cache_path(k, width)
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
+    tmp.write_text(json.dumps([[o.op.name, o.axis, o.amount] for o in opts]))
+    tmp.replace(path)
+  except OSError as e:
+    if DEBUG >= 1: print(f"BEAM: could not write the cache {path}: {e}", file=sys.stderr)
+
+
+stats = {"searches": 0, "cache_hits": 0, "candidates": 0}  # what BEAM did in this process (tests and the benchmark read it)
+
+
+def beam_search(k: Scheduler, width: int, timer: CandidateTimer | None = None) -> Scheduler:
+  """The scheduler with the actions BEAM search chose for kernel `k` (a copy; `k` is not changed)."""
+  if getenv("BEAM_CACHE", 1) and (hit := cached_actions(k, width)) is not None:
+    try:
+      out = k.copy().apply_opts(hit)
+      stats["cache_hits"] += 1
+      return out
+    except KernelOptError: pass  # a cache entry from an older optimizer: search again
+  if timer is None:
+    if not _timer_factory: raise BeamError("BEAM search needs the device layer to time candidates: import plugrad.device first")
+    timer = _timer_factory[0](k.renderer)
+  stats["searches"] += 1
+  timeout, max_steps = float(getenv("BEAM_TIMEOUT", 10.0)), int(getenv("BEAM_STEPS", 3))
+  show = sys.stderr.isatty() or DEBUG >= 1
+  start, tried = time.perf_counter(), 0
+  base = _program(k)
+  if base is None: raise BeamError(f"kernel {k.info.name!r} does not lower without actions")
+  (blib,) = timer.compile_all([base], timeout)
+  if blib is None: raise BeamError(f"kernel {k.info.name!r} does not compile without actions")
+  base = base.with_binary(blib)
+  # the search starts from the hand-coded choice (timing unoptimized candidates of a big kernel would take minutes);
+  # the unoptimized kernel is the reference for the correctness check
+  from plugrad.codegen.opt.heuristic import hand_coded_optimizations
+  seed = hand_coded_optimizations(k.copy())
+  sp = _program(seed) if seed.applied else None
+  slib = timer.compile_all([sp], timeout)[0] if sp is not None else None
+  first, fprog = (seed, sp.with_binary(slib)) if sp is not None and slib is not None else (k, base)
+  best_t = timer.time(fprog, math.inf)
+  timed: list[tuple[float, Scheduler, ProgramUOp]] = [(best_t, first, fprog)]
+  beam = list(timed)
+  seen: set[UOp] = {k.ast, first.ast}
+  for step in range(max_steps):
+    kids = [c for _, b, _ in beam for c in _children(b)]
+    kids = [c for c in kids if not (c.ast in seen or seen.add(c.ast))]  # type: ignore[func-returns-value]
+    progs = [(c, p) for c in kids if (p := _program(c)) is not None]
+    libs = timer.compile_all([p for _, p in progs], timeout)
+    for (c, p), lib in zip(progs, libs):
+      if lib is None: continue
+      tried += 1
+      pb = p.with_binary(lib)
+      try: t = timer.time(pb, 1.5 * beam[0][0])
+      except Exception as e:
+        if DEBUG >= 1: print(f"\nBEAM: {c.applied} failed to run: {type(e).__name__}: {e}", file=sys.stderr)
+        continue
+      timed.append((t, c, pb))
+      if show: print(f"\rBEAM {k.info.name}: step {step + 1}, {tried} candidates, best {min(x[0] for x in timed) * 1e6:9.1f} us, "
+                     f"{time.perf_counter() - start:6.1f} s", end="", file=sys.stderr, flush=True)
+    stats["candidates"] += len(progs)
+    new_beam = sorted(beam + timed[-len(progs):] if progs else beam, key=lambda x: x[0])[:width]
+    if new_beam[0][0] >= beam[0][0] * 0.99 and step > 0: break
+    beam = new_beam
+  if show: print(file=sys.stderr)
+  for t, c, p in sorted(timed, key=lambda x: x[0]):
+    if c is k or timer.same_results(p, base):
+      if DEBUG >= 1: print(f"BEAM {k.info.name}: {c.applied} {t * 1e6:.1f} us (hand-coded {best_t * 1e6:.1f} us)", file=sys.stderr)
+      if getenv("BEAM_CACHE", 1): _store(k, width, c.applied)
+      return c.copy()
+    print(f"BEAM {k.info.name}: candidate {c.applied} gives different results than the unoptimized kernel; dropped", file=sys.stderr)
+  raise BeamError(f"kernel {k.info.name!r}: no candidate gave the unoptimized kernel's results")

@@ -1,0 +1,99 @@
+"""The device side of BEAM search (codegen/opt/search.py): compile candidates in worker processes, time them with real
+buffers, and compare a candidate's outputs with the unoptimized kernel's. Registered with the codegen when the device
+layer is imported, so the codegen never imports upward."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Any
+
+import numpy as np
+
+from plugrad.codegen.opt.search import CandidateTimer, register_timer_factory
+from plugrad.device.buffer import Buffer
+from plugrad.dtype import dtypes
+from plugrad.renderer.base import Renderer
+from plugrad.uop.program import ProgramUOp
+
+_compiler: list[Any] = []  # the compiler the forked workers inherit
+
+
+def _compile(src: str) -> bytes | None:
+  try: return _compiler[0].compile(src)
+  except Exception: return None
+
+
+class DeviceTimer:
+  """Times candidates on `renderer.device` (workers: BEAM_WORKERS, default the cores this process may use)."""
+  def __init__(self, renderer: Renderer):
+    from plugrad.device.registry import Device
+    self.dev = Device[renderer.device]
+    self.bufs: dict[tuple, list[Buffer]] = {}
+
+  def compile_all(self, programs: list[ProgramUOp], timeout: float) -> list[bytes | None]:
+    if not programs: return []
+    comp = self.dev.compiler
+    if len(programs) == 1 or "fork" not in multiprocessing.get_all_start_methods():
+      return [self._one(comp, p.source) for p in programs]
+    _compiler[:] = [comp]
+    n = int(os.environ.get("BEAM_WORKERS", "0")) or len(os.sched_getaffinity(0))
+    pool = multiprocessing.get_context("fork").Pool(max(1, min(n, len(programs))))
+    try:
+      futs = [pool.apply_async(_compile, (p.source,)) for p in programs]
+      out: list[bytes | None] = []
+      for f in futs:
+        try: out.append(f.get(timeout))
+        except multiprocessing.TimeoutError: out.append(None)
+      return out
+    finally: pool.terminate()
+
+  @staticmethod
+  def _one(comp: Any, src: str) -> bytes | None:
+    try: return comp.compile(src)
+    except Exception: return None
+
+  def _inputs(self, p: ProgramUOp, seed: int = 0) -> list[Buffer]:
+    key = tuple((g.dtype.base, getattr(g.dtype, "size", 1)) for g in p.buffers)
+    if (bufs := self.bufs.get(key)) is None:
+      rng = np.random.default_rng(seed)
+      bufs = []
+      for dt, size in key:
+        n = max(size, 1)
+        data = rng.standard_normal(n) if dtypes.is_float(dt) else rng.integers(0, 7, n)
+        bufs.append(Buffer.from_numpy(self.dev.name, data.astype(dtypes.to_numpy(dt))))
+      self.bufs = {key: bufs}  # one kernel at a time: keep only its buffers
+    return bufs
+
+  @staticmethod
+  def _vals(p: ProgramUOp) -> dict[str, int]: return {v.arg[0]: v.arg[2] for v in p.vars}
+
+  def time(self, program: ProgramUOp, limit: float) -> float:
+    from plugrad.device.runner import ProgramRunner
+    run, bufs, vals = ProgramRunner(program), self._inputs(program), self._vals(program)
+    best = float("inf")
+    for _ in range(3):
+      t = run(bufs, vals, wait=True)
+      best = min(best, t if t is not None else float("inf"))
+      if best > limit: break
+    return best
+
+  def same_results(self, program: ProgramUOp, reference: ProgramUOp) -> bool:
+    from plugrad.device.runner import ProgramRunner
+    outs = []
+    for p in (reference, program):
+      self.bufs.clear()
+      bufs = self._inputs(p, seed=1)
+      ProgramRunner(p)(bufs, self._vals(p))
+      outs.append([bufs[s].numpy() for s in p.outs])
+    self.bufs.clear()
+    for a, b in zip(*outs):
+      if a.dtype.kind == "f":
+        if not np.allclose(a, b, rtol=1e-3, atol=1e-3, equal_nan=True): return False
+      elif not np.array_equal(a, b): return False
+    return True
+
+
+def _factory(renderer: Renderer) -> CandidateTimer: return DeviceTimer(renderer)
+
+
+register_timer_factory(_factory)

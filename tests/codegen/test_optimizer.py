@@ -1,0 +1,248 @@
+"""The kernel optimizer: every action on a set of kernels computes the same numbers as the unoptimized kernel, on the
+CPU (C) and on the PYTHON interpreter; invalid actions raise KernelOptError; tensor cores are checked under emulation."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from plugrad.codegen import get_program
+from plugrad.codegen.opt import KernelOptError, Opt, OptOps, Scheduler
+from plugrad.device.buffer import Buffer
+from plugrad.device.registry import Device
+from plugrad.device.runner import ProgramRunner
+from plugrad.dtype import dtypes
+from plugrad.engine.schedule import create_schedule
+from plugrad.renderer.python import PythonRenderer
+from plugrad.tensor.tensor import Tensor
+from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp, Variable
+
+F32 = dtypes.float32
+RNG = np.random.default_rng(7)
+
+
+def _ast(t: Tensor) -> tuple[UOp, dict[str, int]]:
+  items, _ = create_schedule(t.uop)
+  ks = [it for it in items if it.kind == "kernel"]
+  return ks[-1].ast, ks[-1].var_vals
+
+
+def kernels(dev: str) -> dict[str, tuple[UOp, dict[str, int]]]:
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev)
+  a, b = T(16, 24), T(24, 32)
+  x = T(2, 4, 10, 10)
+  w = T(8, 4, 3, 3)
+  n = Variable("n", 1, 48)
+  v = Tensor(RNG.standard_normal((48, 16)).astype(np.float32), device=dev)
+  return {
+    "matmul": _ast(a @ b),
+    "conv": _ast(x.conv2d(w, padding=1)),
+    "sum": _ast(T(1000).sum()),
+    "rowsum": _ast(T(12, 64).sum(1)),
+    "colmax": _ast(T(24, 16).max(0)),
+    "broadcast": _ast(T(8, 1) * T(1, 32) + T(32)),
+    "symbolic": _ast(v.shrink(((0, n.bind(20)), (0, 16))).sum(0)),
+  }
+
+
+def run(prg, var_vals: dict[str, int], seed: int = 0) -> list[np.ndarray]:
+  """Run `prg` on fresh random inputs (the same for a given seed); return every buffer's contents."""
+  rng = np.random.default_rng(seed)
+  bufs = []
+  for g in prg.buffers:
+    dt, size = g.dtype.base, g.dtype.size
+    data = rng.standard_normal(size).astype(dtypes.to_numpy(dt)) if dtypes.is_float(dt) else rng.integers(0, 5, size).astype(dtypes.to_numpy(dt))
+    bufs.append(Buffer.from_numpy(prg.device, data))
+  ProgramRunner(prg)(bufs, var_vals)
+  return [b.numpy() for b in bufs]
+
+
+def check_same(ast: UOp, renderer, opts: list[Opt], var_vals: dict[str, int]) -> None:
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  prg = get_program(ast, renderer, opts=opts)
+  assert list(prg.applied_opts) == opts
+  got = run(prg, var_vals)
+  for slot in prg.outs: np.testing.assert_allclose(got[slot], want[slot], rtol=2e-5, atol=2e-5, err_msg=f"{opts} slot {slot}")
+
+
+def candidate_opts(k: Scheduler) -> list[Opt]:
+  outs, reds = len(k.output_axes), len(k.reduce_axes)
+  cands = [Opt(OptOps.NOLOCALS)]
+  for ax in range(outs):
+    cands += [Opt(OptOps.UPCAST, ax, 2), Opt(OptOps.UPCAST, ax, 4), Opt(OptOps.UPCAST, ax, 8), Opt(OptOps.LOCAL, ax, 2), Opt(OptOps.LOCAL, ax, 4),
+              Opt(OptOps.THREAD, ax, 2), Opt(OptOps.PADTO, ax, 32)]
+    if ax: cands.append(Opt(OptOps.SWAP, 0, ax))
+  for ax in range(reds):
+    cands += [Opt(OptOps.UNROLL, ax, 2), Opt(OptOps.UNROLL, ax, 4), Opt(OptOps.UNROLL, ax, 8), Opt(OptOps.UNROLL, ax, 0), Opt(OptOps.GROUP, ax, 4),
+              Opt(OptOps.GROUPTOP, ax, 4), Opt(OptOps.PADTO, outs + ax, 32)]
+  return cands
+
+
+def valid(ast: UOp, renderer, opts: list[Opt]) -> bool:
+  try: Scheduler(ast, renderer).apply_opts(opts)
+  except KernelOptError: return False
+  return True
+
+
+@pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("name", ["matmul", "conv", "sum", "rowsum", "colmax", "broadcast", "symbolic"])
+def test_every_action_matches_the_unoptimized_kernel(dev, name):
+  ast, var_vals = kernels(dev)[name]
+  renderer = Device[dev].renderer
+  k = Scheduler(ast, renderer)
+  singles = [o for o in candidate_opts(k) if valid(ast, renderer, [o])]
+  assert singles, "no action applies"
+  for o in singles: check_same(ast, renderer, [o], var_vals)
+  # pairs: an UPCAST/LOCAL/THREAD with an UNROLL/GROUP (the combinations the heuristics and BEAM build)
+  firsts = [o for o in singles if o.op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.GROUP)][:4]
+  seconds = [o for o in singles if o.op in (OptOps.UNROLL, OptOps.UPCAST)][:4]
+  pairs = [[a, b] for a, b in itertools.product(firsts, seconds) if a != b and valid(ast, renderer, [a, b])]
+  for p in pairs[:6]: check_same(ast, renderer, p, var_vals)
+
+
+@pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
+def test_default_heuristics_match(dev):
+  renderer = Device[dev].renderer
+  for name, (ast, var_vals) in kernels(dev).items():
+    want = run(get_program(ast, renderer, opts=[]), var_vals)
+    prg = get_program(ast, renderer)
+    got = run(prg, var_vals)
+    for slot in prg.outs: np.testing.assert_allclose(got[slot], want[slot], rtol=2e-5, atol=2e-5, err_msg=f"{name} {prg.applied_opts}")
+
+
+def test_heuristics_tile_a_cpu_matmul():
+  ast, _ = _ast(Tensor(np.ones((64, 64), np.float32), device="CPU") @ Tensor(np.ones((64, 64), np.float32), device="CPU"))
+  prg = get_program(ast, Device["CPU"].renderer)
+  ops = {o.op for o in prg.applied_opts}
+  assert OptOps.UPCAST in ops and OptOps.UNROLL in ops
+  w = Device["CPU"].renderer.vector_width
+  if w > 1: assert f"float{w}" in prg.source  # the register tile is vector code
+  assert "MULACC" not in prg.source and ("pg_fma" in prg.source or w == 1)
+
+
+def test_noopt_applies_nothing():
+  from plugrad.helpers import Context
+  ast, _ = kernels("CPU")["matmul"]
+  with Context(NOOPT=1): prg = get_program(ast, Device["CPU"].renderer)
+  assert prg.applied_opts == ()
+
+
+def test_opts_to_apply_in_the_kernel_info():
+  ast, var_vals = kernels("CPU")["matmul"]
+  want = [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 2)]
+  info = ast.arg
+  prg = get_program(ast.replace(arg=KernelInfo(info.name, (), tuple(want))), Device["CPU"].renderer)
+  assert list(prg.applied_opts) == want
+
+
+@pytest.mark.parametrize("opt, why", [
+  (Opt(OptOps.UPCAST, 5, 2), "axis must be"),
+  (Opt(OptOps.UPCAST, 0, 5), "does not divide"),
+  (Opt(OptOps.UNROLL, 1, 2), "axis must be"),
+  (Opt(OptOps.LOCAL, 0, 2), "no workgroups"),
+  (Opt(OptOps.GROUP, 0, 4), "no workgroup memory"),
+  (Opt(OptOps.NOLOCALS), "no workgroups"),
+  (Opt(OptOps.TC, 0), "no tensor cores"),
+  (Opt(OptOps.PADTO, 0, 16), "already a multiple"),
+  (Opt(OptOps.SWAP, 0, 0), "itself"),
+  (Opt(OptOps.UPCAST, 0, -1), "positive"),
+])
+def test_invalid_actions_raise_with_the_reason(opt, why):
+  ast, _ = kernels("CPU")["matmul"]
+  k = Scheduler(ast, Device["CPU"].renderer)
+  with pytest.raises(KernelOptError, match=why): k.apply_opt(opt)
+  assert k.ast is ast and k.applied == []  # nothing half-applied
+
+
+def test_symbolic_axis_cannot_be_split():
+  ast, _ = kernels("CPU")["symbolic"]
+  k = Scheduler(ast, Device["CPU"].renderer)
+  sym = [n for n, r in enumerate(k.reduce_axes) if r.src[0].op is not Ops.CONST]
+  assert sym
+  with pytest.raises(KernelOptError, match="symbolic"): k.apply_opt(Opt(OptOps.UNROLL, sym[0], 2))
+
+
+def test_upcast_limit():
+  ast, _ = _ast(Tensor(np.ones((64, 64), np.float32), device="CPU") @ Tensor(np.ones((64, 64), np.float32), device="CPU"))
+  k = Scheduler(ast, Device["CPU"].renderer).apply_opts([Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 1, 16)])
+  with pytest.raises(KernelOptError, match="register lanes"): k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
+
+
+# ---- tensor cores, lowered for each emulated device and run by the interpreter
+
+def tc_matmul_ast(m: int, n: int, kk: int, din, dout) -> UOp:
+  out, a, b = (UOp(Ops.DEFINE_GLOBAL, dout.ptr(m * n), (), 0), UOp(Ops.DEFINE_GLOBAL, din.ptr(m * kk), (), 1),
+               UOp(Ops.DEFINE_GLOBAL, din.ptr(kk * n), (), 2))
+  i, j, r = UOp.range(m, 0), UOp.range(n, 1), UOp.range(kk, 2, AxisType.REDUCE)
+  la, lb = a.index(i * kk + r).load(), b.index(r * n + j).load()
+  prod = la.cast(dout) * lb.cast(dout) if din is not dout else la * lb
+  red = UOp(Ops.REDUCE, dout, (prod, r), Ops.ADD)
+  st = out.index(i * n + j).store(red)
+  return UOp(Ops.END, dtypes.void, (st, i, j)).sink(arg=KernelInfo("tc_mm"))
+
+
+@pytest.mark.parametrize("target", ["CUDA", "METAL", "AMD"])
+def test_tensor_cores_emulated(target):
+  renderer = PythonRenderer("PYTHON", emulate=target)
+  for tc in renderer.tensor_cores:
+    m, n, kk = 2 * tc.m, tc.n, 2 * tc.k
+    ast = tc_matmul_ast(m, n, kk, tc.dtype_in, tc.dtype_out)
+    sel = [t for t in renderer.tensor_cores if t.dtype_in is tc.dtype_in and t.dtype_out is tc.dtype_out].index(tc)
+    prg = get_program(ast, renderer, opts=[Opt(OptOps.TC, sel)])
+    assert any(u.op is Ops.WMMA for u in prg.uops)
+    rng = np.random.default_rng(3)
+    npin = np.float32 if tc.dtype_in in (dtypes.float32, dtypes.bfloat16) else np.float16
+    A = rng.uniform(-1, 1, (m, kk)).astype(npin)
+    B = rng.uniform(-1, 1, (kk, n)).astype(npin)
+    if tc.dtype_in is dtypes.bfloat16:
+      from plugrad.device.interpreter import bf16_round
+      A, B = bf16_round(A), bf16_round(B)
+    bufs = [Buffer("PYTHON", m * n, tc.dtype_out), Buffer("PYTHON", m * kk, tc.dtype_in), Buffer("PYTHON", kk * n, tc.dtype_in)]
+    bufs[1].copyin(memoryview(A if tc.dtype_in is not dtypes.bfloat16 else (A.view(np.uint32) >> 16).astype(np.uint16)).cast("B"))
+    bufs[2].copyin(memoryview(B if tc.dtype_in is not dtypes.bfloat16 else (B.view(np.uint32) >> 16).astype(np.uint16)).cast("B"))
+    ProgramRunner(prg)(bufs)
+    got = bufs[0].numpy().reshape(m, n).astype(np.float64)
+    np.testing.assert_allclose(got, A.astype(np.float64) @ B.astype(np.float64), rtol=2e-2, atol=2e-2, err_msg=f"{target} {tc.name}")
+
+
+def test_tc_refuses_what_it_cannot_do():
+  renderer = PythonRenderer("PYTHON", emulate="CUDA")
+  with pytest.raises(KernelOptError, match="not a multiple"):
+    Scheduler(tc_matmul_ast(20, 8, 16, dtypes.float16, F32), renderer).apply_opt(Opt(OptOps.TC, 0))
+  with pytest.raises(KernelOptError, match="no tensor core"):
+    Scheduler(tc_matmul_ast(16, 8, 16, F32, F32), renderer).apply_opt(Opt(OptOps.TC, 0))
+  with pytest.raises(KernelOptError, match="first action"):
+    Scheduler(tc_matmul_ast(16, 8, 16, dtypes.float16, F32), renderer).apply_opts([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.TC, 0)])
+
+
+# ---- BEAM search (small: every candidate compiles with the real C compiler)
+
+def test_beam_picks_a_correct_candidate_and_caches_it(tmp_path, monkeypatch):
+  from plugrad.codegen.opt import search
+  from plugrad.helpers import Context
+  monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("BEAM_STEPS", "1")
+  ast, var_vals = _ast(Tensor(RNG.standard_normal((16, 32)).astype(np.float32), device="CPU").sum(1))
+  renderer = Device["CPU"].renderer
+  before = dict(search.stats)
+  with Context(BEAM=2): prg = get_program(ast, renderer)
+  assert search.stats["searches"] == before["searches"] + 1 and search.stats["candidates"] > before["candidates"]
+  assert all(isinstance(o, Opt) for o in prg.applied_opts)
+  Scheduler(ast, renderer).apply_opts(prg.applied_opts)  # a valid sequence
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(prg, var_vals)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+  assert list((tmp_path / "beam").glob("*.json"))
+  # the second time: straight from the disk cache, no search
+  k = search.beam_search(Scheduler(ast, renderer), 2)
+  assert search.stats["cache_hits"] == before["cache_hits"] + 1 and search.stats["searches"] == before["searches"] + 1
+  assert k.applied == list(prg.applied_opts)
+
+
+def test_beam_without_a_timer_is_a_clear_error(tmp_path, monkeypatch):
+  from plugrad.codegen.opt import search
+  monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(search, "_timer_factory", [])
+  ast, _ = kernels("CPU")["sum"]
+  with pytest.raises(search.BeamError, match="device layer"): search.beam_search(Scheduler(ast, Device["CPU"].renderer), 2)
