@@ -61,7 +61,8 @@ class CPUGraph(GraphRunner):
     self.progs: list[CPUProgram] = progs  # type: ignore[assignment]
     self.runtime = progs[0].runtime
     # a barrier before kernel j when it depends on a kernel run since the last barrier
-    barriers, since = [], set()
+    barriers: list[bool] = []
+    since: set[int] = set()
     for j in range(len(progs)):
       barriers.append(bool(self.deps[j] & since))
       since = {j} if barriers[-1] else since | {j}
@@ -72,8 +73,8 @@ class CPUGraph(GraphRunner):
     self.fn.restype = None
     nbufs = [len(k.bufs) for k in self.kernels]
     self.fns = (ctypes.c_void_p * len(progs))(*[ctypes.cast(p.fn, ctypes.c_void_p).value for p in self.progs])
-    self.bufs = (ctypes.c_void_p * max(1, sum(nbufs)))(*[b.ensure_allocated().handle.addr for k in self.kernels for b in k.bufs])
-    self.vals = (ctypes.c_longlong * max(1, sum(len(u) for u in self.var_uses)))()
+    self.buf_table = (ctypes.c_void_p * max(1, sum(nbufs)))(*[b.ensure_allocated().handle.addr for k in self.kernels for b in k.bufs])
+    self.val_table = (ctypes.c_longlong * max(1, sum(len(u) for u in self.var_uses)))()
     self.threads = (ctypes.c_int * len(progs))()
     starts = [sum(nbufs[:j]) for j in range(len(progs))]
     self.slot_pos: dict[int, list[int]] = {}
@@ -81,15 +82,15 @@ class CPUGraph(GraphRunner):
     self.val_pos = [(pos, v) for pos, v in enumerate(v for u in self.var_uses for v in u)]
     self.var_kernels = [j for j, u in enumerate(self.var_uses) if u and progs[j].parallel]
     for j, p in enumerate(self.progs): self.threads[j] = p.threads_for(()) if not self.var_uses[j] else 1
-    self.args = [ctypes.addressof(a) for a in (self.fns, self.bufs, self.vals, self.threads)]
+    self.args = [ctypes.addressof(a) for a in (self.fns, self.buf_table, self.val_table, self.threads)]
 
   def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
     for k, positions in self.slot_pos.items():
       addr = slots[k].handle.addr
-      for pos in positions: self.bufs[pos] = addr
+      for pos in positions: self.buf_table[pos] = addr
     if self.val_pos:
       vals = [var_vals[n] for n in self.var_names]
-      for pos, v in self.val_pos: self.vals[pos] = vals[v]
+      for pos, v in self.val_pos: self.val_table[pos] = vals[v]
       for j in self.var_kernels: self.threads[j] = self.progs[j].threads_for(self.vals_of(j, vals))
     n = max(self.threads)
     st = time.perf_counter()

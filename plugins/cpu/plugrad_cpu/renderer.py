@@ -164,7 +164,7 @@ class CPURenderer(CStyleRenderer):
     return name
 
   def render_range(self, u: UOp, name: str, bound: str) -> list[str]:
-    if u is not self._split: return super().render_range(u, name, bound)
+    if self._split is None or u is not self._split: return super().render_range(u, name, bound)
     t = self.tname(u.dtype)
     q, r, lo, hi = (self.unique(f"{name}_{s}") for s in ("q", "r", "lo", "hi"))
     return [PARALLEL_MARK, f"{t} {q} = ({bound}) / core_count, {r} = ({bound}) % core_count;",

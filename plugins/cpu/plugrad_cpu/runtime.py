@@ -51,7 +51,8 @@ class _Pool:
     """Run shares 1..n-1 on workers and share 0 here; returns the native ids of the threads that ran them."""
     with self._lock:
       while len(self._queues) < n - 1:
-        self._queues.append(q := queue.SimpleQueue())
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues.append(q)
         threading.Thread(target=_worker, args=(q,), name=f"plugrad-cpu-{len(self._queues)}", daemon=True).start()
       workers = self._queues[:n - 1]
     done: queue.SimpleQueue = queue.SimpleQueue()
