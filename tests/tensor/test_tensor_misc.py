@@ -242,3 +242,14 @@ def test_import_is_light():
           "print(m._manager is None or not m._manager.loaded, 'plugrad.engine.schedule' in sys.modules, 'plugrad.codegen' in sys.modules)")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
   assert out == ["True", "False", "False"], out
+
+
+def test_random_words_from_32_bit_ops_match_threefry():
+  """Devices without 64-bit integers draw with 32-bit ops: the high word of the same threefry output, carry included."""
+  from plugrad.tensor import random as rnd
+  from plugrad.uop.ops import threefry2x32
+  Tensor.manual_seed(123456789012345)
+  for offset in (0, 2**32 - 5):  # the second crosses into the counter's high word
+    got = Tensor._wrap(rnd._threefry_high_word(10, "CPU", offset)).numpy()
+    want = [threefry2x32(offset + i, rnd._RNG.seed) >> 32 for i in range(10)]
+    assert got.dtype == np.uint32 and got.tolist() == want

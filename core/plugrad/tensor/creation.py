@@ -26,13 +26,19 @@ def canonical_device(device: str | None) -> str:
 MAY_LACK = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.float64, dtypes.int64, dtypes.uint64})
 
 
+def dtype_problem(device: str, dt: DType) -> str | None:
+  """Why `device` cannot hold or compute `dt`, or None when it can (its renderer's `dtype_support`)."""
+  if dt.scalar() not in MAY_LACK: return None
+  from plugrad.device.registry import Device
+  return Device[device].renderer.dtype_support(dt.scalar())
+
+
 def require_dtype(device: Any, dt: DType, why: str = "") -> None:
   """Raise UnsupportedDTypeError when `device` cannot hold or compute `dt` (its renderer's `dtype_support` says why).
   `why` says what needed the dtype when the user did not ask for it by name (a random draw's uint64 bits)."""
   if dt.scalar() not in MAY_LACK or not isinstance(device, str): return
   from plugrad.device.errors import UnsupportedDTypeError
-  from plugrad.device.registry import Device
-  if (reason := Device[device].renderer.dtype_support(dt.scalar())) is not None:
+  if (reason := dtype_problem(device, dt)) is not None:
     name = INVERSE_NAMES.get(dt.scalar(), str(dt))
     raise UnsupportedDTypeError(f"{device} does not support {name} ({reason}){f'; {why} needs it' if why else ''}")
 

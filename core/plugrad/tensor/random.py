@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.creation import canonical_device, require_dtype
+from plugrad.tensor.creation import canonical_device, dtype_problem
 from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
 
-_U64 = dtypes.uint64
+_U64, _U32 = dtypes.uint64, dtypes.uint32
 
 
 class _RNG:
@@ -31,22 +31,46 @@ def manual_seed(seed: int = 0) -> None:
 
 
 def random_bits(n: int, device: str) -> UOp:
-  """`n` uint64 words of random bits on `device`, the next `n` of its stream."""
-  require_dtype(device, _U64, "a random draw (threefry on uint64 counters)")
+  """`n` random words on `device`, the next `n` of its stream: uint64, or, on a device without 64-bit integers, the high
+  32 bits of the same words as uint32 (computed with 32-bit operations)."""
   offset = _RNG.offsets.get(device, 0)
   _RNG.offsets[device] = offset + n
+  if dtype_problem(device, _U64) is not None: return _threefry_high_word(n, device, offset)
   index = iota(n, device, dtypes.int64 if n > dtypes.max(dtypes.int32) else dtypes.int32)
   counter = index.cast(_U64).alu(Ops.ADD, const_uop(offset, _U64, device, (n,)))
   return counter.alu(Ops.THREEFRY, const_uop(_RNG.seed, _U64, device, (n,)))
 
 
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry_high_word(n: int, device: str, offset: int) -> UOp:
+  """The high word of THREEFRY(offset + i, seed) (`plugrad.uop.ops.threefry2x32`) from uint32 ops only, so a device
+  without 64-bit integers draws the same numbers as any other."""
+  if n > dtypes.max(dtypes.int32): raise ValueError(f"{device} draws at most {dtypes.max(dtypes.int32)} random numbers at once (no 64-bit integers)")
+  def c(v: int) -> UOp: return const_uop(v & 0xFFFFFFFF, _U32, device, (n,))
+  def add(a: UOp, b: UOp) -> UOp: return a.alu(Ops.ADD, b)
+  lo = add(iota(n, device, dtypes.int32).cast(_U32), c(offset))
+  hi = add(c(offset >> 32), lo.alu(Ops.CMPLT, c(offset)).cast(_U32))  # the carry out of the low word
+  k0, k1 = _RNG.seed & 0xFFFFFFFF, _RNG.seed >> 32
+  ks = (k0, k1, 0x1BD11BDA ^ k0 ^ k1)
+  x0, x1 = add(lo, c(ks[0])), add(hi, c(ks[1]))
+  for i in range(5):
+    for r in _ROTATIONS[i % 2]:
+      x0 = add(x0, x1)
+      x1 = x1.alu(Ops.SHL, c(r)).alu(Ops.OR, x1.alu(Ops.SHR, c(32 - r))).alu(Ops.XOR, x0)
+    x0, x1 = add(x0, c(ks[(i + 1) % 3])), add(x1, c(ks[(i + 2) % 3] + i + 1))
+  return x1
+
+
 def _uniform_bits(bits: UOp, dt: DType) -> UOp:
-  """[0, 1) of dtype `dt` from random words: the top m bits as k * 2^-m, m = the dtype's significand bits, so every
-  value is exact in `dt` and 1.0 is never produced (rounding a wider float down to half could give 1.0)."""
-  m = dtypes.finfo(dt)[1] + 1
+  """[0, 1) of dtype `dt` from random words: the top m bits as k * 2^-m, m = the dtype's significand bits (at most the
+  word's bits), so every value is exact in `dt` and 1.0 is never produced (rounding a wider float down to half could give 1.0)."""
+  width = bits.dtype.itemsize * 8
+  m = min(dtypes.finfo(dt)[1] + 1, width)
   work = dtypes.float64 if dt is dtypes.float64 else dtypes.float32
   shape = bits.shape or ()
-  k = bits.alu(Ops.SHR, const_uop(64 - m, _U64, bits.tensor_device, shape)).cast(work)
+  k = bits.alu(Ops.SHR, const_uop(width - m, bits.dtype, bits.tensor_device, shape)).cast(work)
   return k.alu(Ops.MUL, const_uop(2.0 ** -m, work, bits.tensor_device, shape)).cast(dt)
 
 
@@ -90,8 +114,12 @@ def randint(cls: type[Tensor], *shape: Any, low: int = 0, high: int = 10, dtype:
   if not dtypes.is_int(dt): raise TypeError(f"randint makes integers; got dtype {dt}")
   dev = canonical_device(device)
   n = prod(shp)
-  bits = random_bits(n, dev).alu(Ops.MOD, const_uop(high - low, _U64, dev, (n,)))  # the bias is at most (high-low) / 2^64
-  ret = cls._wrap(bits.cast(dtypes.int64).alu(Ops.ADD, const_uop(low, dtypes.int64, dev, (n,))).cast(dt)).reshape(shp)
+  bits = random_bits(n, dev)
+  if bits.dtype is _U32 and high - low > 2**32: raise ValueError(f"randint on {dev} (no 64-bit integers) needs high - low <= 2**32, got {high - low}")
+  # the bias is at most (high-low) / 2^64 (2^32 on a device without 64-bit integers, whose numbers then differ)
+  bits = bits.alu(Ops.MOD, const_uop(high - low, bits.dtype, dev, (n,)))
+  wide = dtypes.int64 if bits.dtype is _U64 else dt
+  ret = cls._wrap(bits.cast(wide).alu(Ops.ADD, const_uop(low, wide, dev, (n,))).cast(dt)).reshape(shp)
   return _done(ret, True, requires_grad)
 
 

@@ -66,12 +66,8 @@ def plugrad_graph(device: str) -> Any:
   return WebGPUGraph
 
 
-_NO_U64 = "WGSL has no 64-bit integers: Tensor.rand draws threefry on uint64 counters, so it raises UnsupportedDTypeError on WEBGPU"
 # tensor-level suite tests that need 64-bit dtypes without gating on the capability (the kernel-level tests are gated)
 XFAILS = {
-  "test_random_ranges_and_moments": _NO_U64,
-  "test_random_half_and_double": _NO_U64,
-  "test_dropout": _NO_U64,
   "test_getitem_tensor_index": "indexes with an int64 index tensor; WGSL has no 64-bit integers (UnsupportedDTypeError)",
 }
 
