@@ -15,22 +15,17 @@ with a dispatch mode). Each framework runs in its own subprocess.
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import peers  # bench/peers.py (the script's folder is on sys.path)
 
 WORKLOADS = ("chain10", "mlp-step")
-INSTALL = {"torch": "pip install torch", "tinygrad": "pip install tinygrad==0.14.0"}
 WIDTH, BATCH, LAYERS = 32, 8, 12
 
 
@@ -195,20 +190,8 @@ def bench_torch(d: dict[str, np.ndarray], reps: int, threads: int) -> dict[str, 
 
 # ---------------------------------------------------------------- the driver
 
-def clang() -> str | None:
-  return os.environ.get("CC") or shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"), reverse=True)), None)
-
-
 def run_peer(name: str, args: argparse.Namespace) -> dict[str, Any] | str:
-  if name in INSTALL and importlib.util.find_spec(name) is None: return f"not installed ({INSTALL[name]})"
-  env = {**os.environ, "THREADS": str(args.threads), "NUM_CPU_THREADS": str(args.threads)}
-  if name == "tinygrad":
-    if (cc := clang()) is None: return "skipped: tinygrad's CPU device needs clang (apt install clang, or CC=...)"
-    env.update(DEV="CPU", CC=cc)
-  cmd = [sys.executable, __file__, "--peer", name, "--threads", str(args.threads), "--reps", str(args.reps)]
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-  if proc.returncode != 0: return "failed: " + (proc.stderr.strip().splitlines() or ["no output"])[-1]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return peers.run_peer(__file__, name, args.threads, "--reps", str(args.reps))
 
 
 def main() -> None:

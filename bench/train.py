@@ -12,11 +12,8 @@ TinyJit, their normal training path (from the third call a step replays its capt
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,9 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import peers  # bench/peers.py (the script's folder is on sys.path)
 
 WORKLOADS = ["digits-cnn train b128", "mlp infer b256", "mlp sgd b256"]
-INSTALL = {"torch": "pip install torch", "tinygrad": "pip install tinygrad==0.14.0"}
 
 
 def data(seed: int = 0) -> dict[str, np.ndarray]:
@@ -149,22 +146,8 @@ def bench_tinygrad(d: dict[str, np.ndarray], warmup: int, reps: int) -> dict[str
 
 # ---------------------------------------------------------------- the driver
 
-def clang() -> str | None:
-  """tinygrad's CPU device compiles with clang (CC); a versioned clang-NN counts too."""
-  return os.environ.get("CC") or shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"), reverse=True)), None)
-
-
-def run_peer(name: str, args: argparse.Namespace) -> dict[str, float] | str:
-  """The peer's results, or why there are none."""
-  if name in INSTALL and importlib.util.find_spec(name) is None: return f"not installed ({INSTALL[name]})"
-  env = {**os.environ, "THREADS": str(args.threads), "NUM_CPU_THREADS": str(args.threads)}
-  if name == "tinygrad":
-    if (cc := clang()) is None: return "skipped: tinygrad's CPU device needs clang (apt install clang, or CC=...)"
-    env.update(DEV="CPU", CC=cc)
-  cmd = [sys.executable, __file__, "--peer", name, "--threads", str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup)]
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-  if proc.returncode != 0: return "failed: " + (proc.stderr.strip().splitlines() or ["no output"])[-1]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_peer(name: str, args: argparse.Namespace) -> dict[str, Any] | str:
+  return peers.run_peer(__file__, name, args.threads, "--reps", str(args.reps), "--warmup", str(args.warmup))
 
 
 def main() -> None:

@@ -7,11 +7,12 @@ The conformance suite gates its tests on `capabilities`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import Any
 
-from plugrad.dtype import DType, dtypes
+from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.renderer.tensor_cores import TensorCore
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp
 
 # The capabilities a renderer may claim (docs/writing-a-backend.md): dtypes it computes in, and features it lowers to.
 CAPABILITIES = frozenset({"float16", "bfloat16", "float64", "int64", "locals", "shared", "tensor_cores", "images"})
@@ -80,3 +81,42 @@ def linear_parts(program: Any) -> tuple[str, tuple[UOp, ...]]:
     got = f"a {program.op.name} UOp" if isinstance(program, UOp) else type(program).__name__
     raise RendererError(f"render needs a PROGRAM UOp at the linear stage, got {got}")
   return program.name, program.uops  # type: ignore[attr-defined]  # ProgramUOp accessors (uop/program.py)
+
+
+# ---- what text renderers share: which values to name and which to write inline
+
+PURE = GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.GEP, Ops.CUSTOMI}  # no effects: may be written where they are used
+
+
+def value_srcs(u: UOp) -> tuple[UOp, ...]:
+  """The sources whose values `u` uses (a LOAD's trailing effects and an IF's extra sources only order it)."""
+  if u.op is Ops.LOAD: return u.src[:2] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else u.src[:1]
+  if u.op is Ops.IF: return u.src[:1]
+  return tuple(s for s in u.src if s.dtype is not dtypes.void)
+
+
+def define_of(u: UOp) -> UOp | None:
+  """The DEFINE_* a pointer expression starts from, or None."""
+  while u.op not in GroupOp.Defines and u.src: u = u.src[0]
+  return u if u.op in GroupOp.Defines else None
+
+
+def use_analysis(uops: Sequence[UOp]) -> tuple[dict[UOp, int], set[UOp], set[UOp]]:
+  """(use counts, the values to write inline, the DEFINEs stored to) of a linear program. A pure scalar used once, in
+  the block where it is defined, can be written into its user's expression instead of getting a name."""
+  uses: dict[UOp, int] = {}
+  block: dict[UOp, UOp | None] = {}
+  open_: list[UOp] = []
+  where: dict[UOp, list[UOp | None]] = {}
+  for u in uops:
+    if u.op in (Ops.ENDRANGE, Ops.ENDIF): open_.pop()
+    block[u] = open_[-1] if open_ else None
+    if u.op in (Ops.RANGE, Ops.IF): open_.append(u)
+    for s in value_srcs(u):
+      uses[s] = uses.get(s, 0) + 1
+      where.setdefault(s, []).append(block[u])
+  inline = {u for u in uops if u.op in PURE and u.dtype.count == 1 and not isinstance(u.dtype, PtrDType) and uses.get(u) == 1
+            and where[u] == [block[u]]}
+  written = {b for u in uops if u.op is Ops.STORE and (b := define_of(u.src[0])) is not None}
+  return uses, inline, written
+

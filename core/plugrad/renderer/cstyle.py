@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import Renderer, RendererError, linear_parts
+from plugrad.renderer.base import PURE, Renderer, RendererError, linear_parts, use_analysis
 from plugrad.uop.ops import GroupOp, Ops, UOp
 
 C_KEYWORDS = frozenset("auto break case char const continue default do double else enum extern float for goto if inline int long register "
@@ -67,7 +67,6 @@ _BOOL = {Ops.ADD: "({0}||{1})", Ops.MAX: "({0}||{1})", Ops.OR: "({0}||{1})", Ops
          Ops.SUB: "({0}!={1})", Ops.XOR: "({0}!={1})", Ops.NEG: "(!{0})", Ops.POW: "({0}||!{1})", Ops.MULACC: "(({0}&&{1})||{2})",
          Ops.TRUNC: "{0}"}
 _MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MULACC: "fma"}
-_PURE = GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.GEP, Ops.CUSTOMI}
 _PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.VECTORIZE: "vec", Ops.GEP: "gep", Ops.VCONST: "vconst", Ops.WMMA: "wmma",
            Ops.CUSTOM: "custom"}
 SHORT_NAMES: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort",
@@ -253,24 +252,7 @@ class CStyleRenderer(Renderer):
 
   def _analyze(self, uops: list[UOp]) -> None:
     """Use counts, the block of each use, written buffers, and which register arrays can be plain variables."""
-    self._uses: dict[UOp, int] = {}
-    self._inline: set[UOp] = set()
-    block: dict[UOp, UOp | None] = {}
-    open_: list[UOp] = []
-    where: dict[UOp, list[UOp | None]] = {}
-    for u in uops:
-      if u.op in (Ops.ENDRANGE, Ops.ENDIF): open_.pop()
-      block[u] = open_[-1] if open_ else None
-      if u.op in (Ops.RANGE, Ops.IF): open_.append(u)
-      for s in _value_srcs(u):
-        self._uses[s] = self._uses.get(s, 0) + 1
-        where.setdefault(s, []).append(block[u])
-    for u in uops:
-      if u.op in _PURE and u.dtype.count == 1 and not isinstance(u.dtype, PtrDType) and self._uses.get(u) == 1 and where[u] == [block[u]]:
-        self._inline.add(u)
-    self._written: set[UOp] = set()
-    for u in uops:
-      if u.op is Ops.STORE and (b := _buffer_of(u.src[0])) is not None: self._written.add(b)
+    self._uses, self._inline, self._written = use_analysis(uops)
     # a register array reached only through constant indices by scalar loads and stores is kept as plain variables
     self._regs_as_vars: set[UOp] = set()
     idx_users: dict[UOp, list[UOp]] = {}
@@ -297,7 +279,7 @@ class CStyleRenderer(Renderer):
 
   def _define(self, i: int, u: UOp, expr: str) -> None:
     if u in self._inline: self.r[u] = expr
-    elif self._uses.get(u, 0) == 0 and u.op in _PURE | {Ops.VECTORIZE, Ops.VCONST, Ops.LOAD}: return  # unused and without effects
+    elif self._uses.get(u, 0) == 0 and u.op in PURE | {Ops.VECTORIZE, Ops.VCONST, Ops.LOAD}: return  # unused and without effects
     else:
       self.r[u] = n = self._name(i, u)
       self.line(f"{self.ctype(u.dtype)} {n} = {expr};")
@@ -550,17 +532,6 @@ def _bf16(x: float) -> float:
 
 def _size(dt: DType) -> int: return dt.size if isinstance(dt, PtrDType) else 1
 
-
-def _value_srcs(u: UOp) -> tuple[UOp, ...]:
-  """The sources whose values `u` uses (a LOAD's trailing effects and an IF's extra sources only order it)."""
-  if u.op is Ops.LOAD: return u.src[:2] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else u.src[:1]
-  if u.op is Ops.IF: return u.src[:1]
-  return tuple(s for s in u.src if s.dtype is not dtypes.void)
-
-
-def _buffer_of(u: UOp) -> UOp | None:
-  while u.op not in GroupOp.Defines and u.src: u = u.src[0]
-  return u if u.op in GroupOp.Defines else None
 
 
 __all__ = ["C_KEYWORDS", "SHORT_NAMES", "CStyleRenderer", "Lane", "Ptr", "c_identifier", "float32_repr"]

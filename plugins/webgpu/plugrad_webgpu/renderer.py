@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import Renderer, RendererError, linear_parts
+from plugrad.renderer.base import PURE, Renderer, RendererError, linear_parts, use_analysis
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad_webgpu.context import Limits
 from plugrad_webgpu.wgsl import DEPENDS, HELPERS, PACKED, UNSUPPORTED, bits_of, identifier, literal, scalar_type, shift_helper, vector_type
@@ -38,7 +38,6 @@ _BOOL = {Ops.ADD: "({0} || {1})", Ops.MAX: "({0} || {1})", Ops.OR: "({0} || {1})
          Ops.SUB: "({0} != {1})", Ops.XOR: "({0} != {1})", Ops.NEG: "(!{0})", Ops.CMPLT: "(!{0} && {1})", Ops.CMPNE: "({0} != {1})",
          Ops.CMPEQ: "({0} == {1})", Ops.MULACC: "(({0} && {1}) || {2})", Ops.TRUNC: "{0}", Ops.POW: "({0} || !{1})"}
 _MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MULACC: "fma"}
-_PURE = GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.GEP, Ops.CUSTOMI}
 _PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.VECTORIZE: "vec", Ops.GEP: "gep", Ops.VCONST: "vconst", Ops.CUSTOM: "custom"}
 
 
@@ -219,26 +218,11 @@ class _Kernel:
 
   def _analyze(self) -> None:
     """Use counts and the block of each use (to inline single-use values), and the buffers the kernel writes."""
-    self.uses: dict[UOp, int] = {}
-    self.inline: set[UOp] = set()
-    block: dict[UOp, UOp | None] = {}
-    open_: list[UOp] = []
-    where: dict[UOp, list[UOp | None]] = {}
-    for u in self.uops:
-      if u.op in (Ops.ENDRANGE, Ops.ENDIF): open_.pop()
-      block[u] = open_[-1] if open_ else None
-      if u.op in (Ops.RANGE, Ops.IF): open_.append(u)
-      for s in _value_srcs(u):
-        self.uses[s] = self.uses.get(s, 0) + 1
-        where.setdefault(s, []).append(block[u])
-    for u in self.uops:
-      if u.op in _PURE and u.dtype.count == 1 and not isinstance(u.dtype, PtrDType) and self.uses.get(u) == 1 and where[u] == [block[u]]:
-        self.inline.add(u)
-    self.written = {b for u in self.uops if u.op is Ops.STORE and (b := _buffer_of(u.src[0])) is not None}
+    self.uses, self.inline, self.written = use_analysis(self.uops)
 
   def _define(self, i: int, u: UOp, expr: str) -> None:
     if u in self.inline: self.r[u] = expr
-    elif self.uses.get(u, 0) == 0 and u.op in _PURE | {Ops.VECTORIZE, Ops.VCONST, Ops.LOAD}: return  # unused, no effects
+    elif self.uses.get(u, 0) == 0 and u.op in PURE | {Ops.VECTORIZE, Ops.VCONST, Ops.LOAD}: return  # unused, no effects
     else:
       self.r[u] = n = self.unique(f"{_PREFIX.get(u.op, 'alu')}{i}")
       self.line(f"let {n} = {expr};")
@@ -431,17 +415,6 @@ def _elems(dt: DType) -> int:
   if not isinstance(dt, PtrDType): raise RendererError(f"expected a pointer dtype, got {dt!r}")
   return dt.size * dt.base.count
 
-
-def _value_srcs(u: UOp) -> tuple[UOp, ...]:
-  """The sources whose values `u` uses (a LOAD's trailing effects and an IF's extra sources only order it)."""
-  if u.op is Ops.LOAD: return u.src[:2] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else u.src[:1]
-  if u.op is Ops.IF: return u.src[:1]
-  return tuple(s for s in u.src if s.dtype is not dtypes.void)
-
-
-def _buffer_of(u: UOp) -> UOp | None:
-  while u.op not in GroupOp.Defines and u.src: u = u.src[0]
-  return u if u.op in GroupOp.Defines else None
 
 
 __all__ = ["FOLD_MARK", "Lane", "Mem", "WGSLRenderer"]

@@ -1,0 +1,31 @@
+"""What the side-by-side benchmarks share: each framework runs in a subprocess of the benchmark script (its thread
+setting is read at start-up), and tinygrad's CPU device needs clang."""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+INSTALL = {"torch": "pip install torch", "tinygrad": "pip install tinygrad==0.14.0"}
+
+
+def clang() -> str | None:
+  """tinygrad's CPU device compiles with clang (CC); a versioned clang-NN counts too."""
+  return os.environ.get("CC") or shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"), reverse=True)), None)
+
+
+def run_peer(script: str, name: str, threads: int, *args: str) -> dict[str, Any] | str:
+  """`python script --peer name --threads N *args` in a subprocess: the JSON it prints last, or why there is none."""
+  if name in INSTALL and importlib.util.find_spec(name) is None: return f"not installed ({INSTALL[name]})"
+  env = {**os.environ, "THREADS": str(threads), "NUM_CPU_THREADS": str(threads)}
+  if name == "tinygrad":
+    if (cc := clang()) is None: return "skipped: tinygrad's CPU device needs clang (apt install clang, or CC=...)"
+    env.update(DEV="CPU", CC=cc)  # plugrad reads CC too, so it is set for tinygrad's process only
+  proc = subprocess.run([sys.executable, script, "--peer", name, "--threads", str(threads), *args], capture_output=True, text=True, env=env)
+  if proc.returncode != 0: return "failed: " + (proc.stderr.strip().splitlines() or ["no output"])[-1]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
