@@ -53,6 +53,16 @@ def test_returns_structures_and_non_tensors():
     np.testing.assert_allclose(out["pair"][0].numpy(), x * 2, rtol=1e-6)
 
 
+def test_returned_inputs_are_this_calls_inputs():
+  f = TinyJit(lambda x, y: (x, (x + y).contiguous(), y.T))
+  for _ in range(4):
+    a, b = rand(2, 3), rand(3, 2)
+    x, s, yt = f(Tensor(a), Tensor(b.T.copy()))
+    np.testing.assert_array_equal(x.numpy(), a)
+    np.testing.assert_array_equal(yt.numpy(), b)
+    np.testing.assert_allclose(s.numpy(), a + b.T, rtol=1e-6)
+
+
 def test_lazy_and_view_inputs():
   f = TinyJit(lambda x: x.sum(axis=1))
   base = rand(4, 6)

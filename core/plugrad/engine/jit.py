@@ -252,24 +252,26 @@ class CapturedJit:
     slots = [buffer_of(b).ensure_allocated() for _, b in call.inputs] + [buffer_of(b).ensure_allocated() for b in fresh]
     for step in self.steps: step(slots, var_vals)
     for dev in self.devices: dev.synchronize()
+    slot_uops = [b for _, b in call.inputs] + fresh
     outs = iter(self.outputs)
-    def rebuild(_: Any) -> Any: return next(outs).rebuild(fresh, var_vals, self.n_inputs)
+    def rebuild(_: Any) -> Any: return next(outs).rebuild(slot_uops, var_vals)
     return _walk(self.out_tree, rebuild)
 
 
 @dataclass
 class _Output:
-  """A returned tensor: its class and uop at capture, and its slot when the call computed it (it gets a new buffer)."""
+  """A returned tensor: its class and uop at capture, and its slot when its buffer changes per call (an input, or a
+  result the call computed: it gets a new buffer)."""
   cls: type
   uop: UOp
   slot: int | None
   buffer: UOp  # its BUFFER at capture
   binds: tuple[UOp, ...]
 
-  def rebuild(self, fresh: list[UOp], var_vals: dict[str, int], n_inputs: int) -> Any:
+  def rebuild(self, slot_uops: list[UOp], var_vals: dict[str, int]) -> Any:
     make = getattr(self.cls, "_wrap", self.cls)
     if self.slot is None: return make(self.uop)
-    old, new = self.buffer, fresh[self.slot - n_inputs]
+    old, new = self.buffer, slot_uops[self.slot]
     if self.binds: return make(_resub(self.uop, {old: new, **{b: b.src[0].bind(var_vals[b.src[0].arg[0]]) for b in self.binds}}))
     if self.uop is old: return make(new)
     return make(self.uop.replace(src=(new,)) if self.uop.src[0] is old else self.uop.substitute({old: new}))
@@ -289,8 +291,12 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
   out_slots: dict[Buffer, int] = {}
   fresh_outputs: list[UOp] = []
   outputs: list[_Output] = []
+  in_uops = [b for _, b in call.inputs]
   for t, b in zip(outs, out_bufs):
     buf = fresh_uops.get(b) if b is not None else None
+    if b is not None and b in in_uops:  # an input (or a view of one) returned: this call's input
+      outputs.append(_Output(type(t), t.uop, in_uops.index(b), b, tuple(_binds(t.uop))))
+      continue
     if b is None or buf is None:
       outputs.append(_Output(type(t), t.uop, None, t.uop, ()))
       continue
