@@ -5,6 +5,10 @@
 Workloads (fp32): matmul N=512/1024/2048 (GFLOPS), the fused elementwise a*b+c on 16M floats (GB/s, 16 bytes/element:
 3 reads + 1 write), sum of 16M floats and row-sum of a 4096x4096 matrix (GB/s, bytes read + written), conv2d batch 8,
 64->64 channels, 56x56, 3x3, padding 1 (GFLOPS), and how plugrad scales from 1 thread to N (matmul 1024, a*b+c).
+Then the optimizer's target lines (--no-targets skips them), each from a fresh process: matmul with BEAM=2 (--beam
+sizes; search seconds, ratio to numpy's line above, and the first run of a second process on the same BEAM cache), the
+codegen milliseconds per new kernel (schedule + optimize + lower + render, no C compiler, median over 60 fresh graphs),
+and the latency of a new graph on a new shape with the compiler and every cache off, next to tinygrad 0.14's.
 Every line shows each peer's number and the ratio plugrad/peer (above 1: plugrad is faster). The C reference
 bench/stream_triad.c (cc -O3 -march=native, same thread count) gives what memory allows for the elementwise line.
 
@@ -117,6 +121,113 @@ def reference(key: str, inputs: list[Any]) -> Any:
   if key == "rowsum": return x[0].sum(axis=1)
   if key == "conv": return numpy_conv(x[0], x[1])
   raise KeyError(key)
+
+
+# ---------------------------------------------------------------------------------------------------- codegen, latency, BEAM
+
+def _fresh_graphs(n: int) -> list[tuple[int, int]]:
+  """Shapes of n different small graphs (each a new kernel: a fused a*b+c then a row-sum over a new shape)."""
+  return [(64 + 8 * i, 96 + 16 * i) for i in range(n)]
+
+
+def extra_main(kind: str, arg: int) -> None:
+  """One measurement in this (fresh) process, printed as one JSON line: `codegen` (ms per new kernel: schedule + optimize +
+  lower + render, no compiler), `latency` (ms from building a new graph to its result, compiler included), `beam`
+  (BEAM=2 search seconds and GFLOPS of matmul N=arg)."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  out: dict[str, Any] = {}
+  if kind == "codegen":
+    from plugrad.codegen import get_program
+    from plugrad.device.registry import Device
+    from plugrad.engine.schedule import create_schedule
+    from plugrad.tensor.tensor import Tensor
+    rd = Device["CPU"].renderer
+    ms: list[float] = []
+    for m, n in _fresh_graphs(arg):
+      a, b, c = (Tensor(rng.random((m, n), dtype=np.float32)) for _ in range(3))
+      for t in ((a * b + c).relu().sum(1), a.T @ b if m == n else (a * b).max(0), (a + 1.0).exp2() * c):
+        t0 = time.perf_counter()
+        items, _ = create_schedule(t.uop)
+        for it in items:
+          if it.kind == "kernel": get_program(it.ast, rd)
+        ms.append((time.perf_counter() - t0) * 1e3 / max(1, sum(it.kind == "kernel" for it in items)))
+    out = {"median_ms": statistics.median(ms), "kernels": len(ms)}
+  elif kind == "latency_plugrad":
+    from plugrad.tensor.tensor import Tensor
+    ms = []
+    for m, n in _fresh_graphs(arg):
+      a, b, c = (Tensor(rng.random((m, n), dtype=np.float32)).realize() for _ in range(3))
+      t0 = time.perf_counter()
+      (a * b + c).relu().sum(1).numpy()
+      ms.append((time.perf_counter() - t0) * 1e3)
+    out = {"median_ms": statistics.median(ms)}
+  elif kind == "latency_tinygrad":
+    from tinygrad import Tensor as TT
+    ms = []
+    for m, n in _fresh_graphs(arg):
+      a, b, c = (TT(rng.random((m, n), dtype=np.float32), device="CPU").realize() for _ in range(3))
+      t0 = time.perf_counter()
+      (a * b + c).relu().sum(1).numpy()
+      ms.append((time.perf_counter() - t0) * 1e3)
+    out = {"median_ms": statistics.median(ms)}
+  elif kind == "beam":
+    from plugrad.tensor.tensor import Tensor
+    a, b = (Tensor(rng.random((arg, arg), dtype=np.float32)).realize() for _ in range(2))
+    t0 = time.perf_counter()
+    (a @ b).realize()
+    first = time.perf_counter() - t0
+    ts = []
+    for _ in range(5):
+      t0 = time.perf_counter()
+      (a @ b).realize()
+      ts.append(time.perf_counter() - t0)
+    out = {"first_s": first, "gflops": 2.0 * arg ** 3 / statistics.median(ts) / 1e9}
+  print(json.dumps(out))
+
+
+def run_extra(kind: str, arg: int, env: dict[str, str], timeout: float) -> dict[str, Any]:
+  try:
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--extra", f"{kind}:{arg}"], env=env, capture_output=True, text=True,
+                         timeout=timeout)
+  except subprocess.TimeoutExpired: return {"error": f"over {timeout:.0f} s"}
+  lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+  if res.returncode != 0 or not lines: return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+  return json.loads(lines[-1])
+
+
+def target_lines(threads: int, results: dict[str, dict[str, dict[str, Any]]], beam_sizes: list[int], cap: float) -> list[str]:
+  """The issue's remaining target lines: BEAM=2 matmul (search seconds, ratio to numpy, the cached second run), codegen
+  ms per new kernel, and fresh-kernel latency with the compiler next to tinygrad's on the same graph."""
+  lines: list[str] = []
+  base = {k: v for k, v in os.environ.items() if k not in ("BEAM", "DEBUG", "NOOPT")}
+  base["THREADS"] = str(threads)
+  with tempfile.TemporaryDirectory(prefix="plugrad-bench-cache-") as cache:
+    for n in beam_sizes:
+      env = {**base, "BEAM": "2", "PLUGRAD_CACHE_DIR": cache}
+      r1 = run_extra("beam", n, env, cap * 4)
+      r2 = run_extra("beam", n, env, cap) if "error" not in r1 else {"error": "search failed"}
+      npy = rate(results.get(f"matmul{n}", {}).get("numpy", {}), WORKLOADS[f"matmul{n}"])
+      if "error" in r1: lines.append(f"matmul fp32 N={n} BEAM=2: {r1['error']}")
+      else:
+        lines.append(f"matmul fp32 N={n} BEAM=2          GFLOPS  plugrad {fmt(r1['gflops'])}"
+                     + (f" | numpy {fmt(npy)} ({r1['gflops'] / npy:.3g}x)" if npy else "")
+                     + f" | search {r1['first_s']:.1f} s (first run, compiles included)"
+                     + (f"; second process (cache hit) first run {r2['first_s']:.2f} s" if "first_s" in r2 else f"; second run: {r2.get('error')}"))
+    env = {**base, "PLUGRAD_CACHE_DIR": cache, "CACHE": "0"}
+    cg = run_extra("codegen", 20, env, cap)
+    lines.append("codegen per new kernel (schedule+optimize+lower+render, no C compiler): " +
+                 (f"median {cg['median_ms']:.2f} ms over {cg['kernels']} graphs" if "median_ms" in cg else str(cg.get("error"))))
+    lp = run_extra("latency_plugrad", 8, env, cap)
+    tenv = {**base, "NUM_CPU_THREADS": str(threads), "DISABLE_COMPILER_CACHE": "1", "DEV": "CPU"}
+    if (clang := find_clang()): tenv["CC"] = clang
+    lt = run_extra("latency_tinygrad", 8, tenv, cap)
+    a, b = lp.get("median_ms"), lt.get("median_ms")
+    lines.append("fresh-kernel latency, (a*b+c).relu().sum(1) on a new shape, compiler included, caches off: "
+                 + (f"plugrad {a:.1f} ms" if a else f"plugrad {lp.get('error')}") + " | "
+                 + (f"tinygrad {b:.1f} ms" if b else f"tinygrad {lt.get('error')}")
+                 + (f" ({a / b:.3g}x the time; target <= 0.5x)" if a and b else ""))
+  return lines
 
 
 # ---------------------------------------------------------------------------------------------------- the workers
@@ -502,12 +613,19 @@ def main() -> None:
   ap.add_argument("--cap", type=float, default=60.0, help="seconds one measurement (input setup, warm-up, timed runs) may take (default 60)")
   ap.add_argument("--only", default=None, help=f"comma-separated frameworks to run (default: all of {','.join(FRAMEWORKS)})")
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--extra", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--no-targets", action="store_true", help="skip the BEAM=2 matmul, codegen-ms and fresh-kernel latency lines")
+  ap.add_argument("--beam", default="1024,2048", help="matmul sizes for the BEAM=2 line (default 1024,2048; --quick: 512)")
   args = ap.parse_args()
   if args.threads < 1: ap.error("--threads must be at least 1")
   # every library's thread pool, for whichever reads these at import (numpy's OpenBLAS when threadpoolctl is missing)
   for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[var] = str(args.threads)
   if args.worker:
     worker_main(args.worker, args.threads)
+    return
+  if args.extra:
+    kind, _, n = args.extra.partition(":")
+    extra_main(kind, int(n or 0))
     return
 
   t_begin = time.perf_counter()
@@ -628,6 +746,8 @@ def main() -> None:
   if args.threads > 1 and busy.get("tinygrad") and statistics.median(busy["tinygrad"]) < 1.2:
     print(f"  tinygrad ran on one core although NUM_CPU_THREADS={args.threads}: 0.14 queues a kernel's core_id shares to a single "
           "worker thread, which runs them one after another")
+  if not args.no_targets and "plugrad" in workers:
+    for line in target_lines(args.threads, results, [int(x) for x in ("512" if args.quick else args.beam).split(",") if x], args.cap): print(line)
   for line in problems: print(f"  ! {line}")
   if not any(p.startswith("MISMATCH") for p in problems): print("  all results match float64 numpy within tolerance")
   print(f"total {time.perf_counter() - t_begin:.0f} s; worker logs in {logdir}")

@@ -165,8 +165,80 @@ def test_symbolic_axis_cannot_be_split():
 
 def test_upcast_limit():
   ast, _ = _ast(Tensor(np.ones((64, 64), np.float32), device="CPU") @ Tensor(np.ones((64, 64), np.float32), device="CPU"))
-  k = Scheduler(ast, Device["CPU"].renderer).apply_opts([Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 1, 16)])
-  with pytest.raises(KernelOptError, match="register lanes"): k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
+  k = Scheduler(ast, Device["CPU"].renderer).apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.UPCAST, 1, 32)])
+  with pytest.raises(KernelOptError, match="lanes"): k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
+
+
+# ---- TILE (cache blocking) and PACK (operand panels in a scratch array)
+
+def _layouts(dev: str) -> dict[str, tuple[UOp, dict[str, int]]]:
+  """The three matmul layouts of a training step (reduce axis contiguous in A only, in both, in neither) and one with
+  elementwise work fused into both operands (a ReLU backward)."""
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev)
+  a, b, at, bt = T(24, 40), T(40, 32), T(40, 24), T(32, 40)
+  return {"ab": _ast(a @ b), "abt": _ast(a @ bt.T), "atb": _ast(at.T @ b), "fused": _ast((at * (T(40, 24) > 0)).T @ (b + 1.0).relu())}
+
+
+PACK_OPTS = [
+  [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.TILE, 1, 2), Opt(OptOps.PACK, 1)],
+  [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.TILE, 1, 2), Opt(OptOps.PACK, 1), Opt(OptOps.PACK, 0)],
+  [Opt(OptOps.TILE, 1, 4), Opt(OptOps.PACK, 0), Opt(OptOps.UNROLL, 0, 2)],  # the packed loops may still be split
+  [Opt(OptOps.TILE, 0, 3), Opt(OptOps.PACK, 1), Opt(OptOps.UPCAST, 0, 4)],
+]
+
+
+@pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("layout", ["ab", "abt", "atb", "fused"])
+def test_tile_and_pack_match_the_unoptimized_kernel(dev, layout):
+  ast, var_vals = _layouts(dev)[layout]
+  renderer = Device[dev].renderer
+  n = 0
+  for opts in PACK_OPTS:
+    if valid(ast, renderer, opts):
+      check_same(ast, renderer, opts, var_vals)
+      n += 1
+  assert n >= 2, "the PACK sequences should apply to every layout"
+
+
+@pytest.mark.parametrize("layout", ["ab", "abt", "atb", "fused"])
+def test_heuristics_pack_every_matmul_layout(layout):
+  # big enough that the copy pays off (PACK_MIN_REUSE rows), like a training step's matmuls
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device="CPU")
+  a, b, at, bt = T(64, 96), T(96, 128), T(96, 64), T(128, 96)
+  t = {"ab": a @ b, "abt": a @ bt.T, "atb": at.T @ b, "fused": (at * (T(96, 64) > 0)).T @ (b + 1.0).relu()}[layout]
+  ast, var_vals = _ast(t)
+  renderer = Device["CPU"].renderer
+  prg = get_program(ast, renderer)
+  assert OptOps.PACK in {o.op for o in prg.applied_opts}, prg.applied_opts
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(prg, var_vals)
+  np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
+  assert "parallel loop" in prg.source  # the copy loops do not stop the threads from splitting the tile loop
+
+
+@pytest.mark.parametrize("opts, why", [
+  ([Opt(OptOps.PACK, 5)], "packable operand"),
+  ([Opt(OptOps.PACK, 0, 2)], "no amount"),
+  ([Opt(OptOps.TILE, 0, 0)], "whole axis"),
+  ([Opt(OptOps.TILE, 0, 5)], "does not divide"),
+  ([Opt(OptOps.THREAD, 0, 2), Opt(OptOps.TILE, 1, 2)], "before THREAD"),
+  ([Opt(OptOps.TILE, 1, 2), Opt(OptOps.PACK, 1), Opt(OptOps.UPCAST, 0, 2)], "split it before PACK"),
+])
+def test_invalid_tile_and_pack_raise_with_the_reason(opts, why):
+  ast, _ = _layouts("CPU")["ab"]
+  k = Scheduler(ast, Device["CPU"].renderer)
+  k.apply_opts(opts[:-1])
+  before = k.ast
+  with pytest.raises(KernelOptError, match=why): k.apply_opt(opts[-1])
+  assert k.ast is before
+
+
+def test_pack_refuses_a_copy_over_the_size_limit():
+  from plugrad.codegen.opt.kernel import MAX_PACK_BYTES
+  n = 512
+  ast, _ = _ast(Tensor.empty(n, n, device="CPU") @ Tensor.empty(n, n, device="CPU"))
+  assert n * n * 4 > MAX_PACK_BYTES
+  with pytest.raises(KernelOptError, match="TILE the loops first"): Scheduler(ast, Device["CPU"].renderer).apply_opt(Opt(OptOps.PACK, 1))
 
 
 # ---- tensor cores, lowered for each emulated device and run by the interpreter

@@ -26,7 +26,7 @@ def test_toolchain_identity(cpu):
   key = cpu.compiler.cache_key
   assert tc.cc[0] in key and tc.version in key and "-O2" in key and "-fwrapv" in key and "target=" in key
   assert "-ffast-math" not in tc.flags  # it would break nan/inf (see README)
-  assert cpu.renderer.vector_width == (8 if tc.avx2 else 4) and cpu.renderer.native_float16 == tc.float16
+  assert cpu.renderer.vector_width == (16 if "__AVX512F__" in tc.macros else 8 if tc.avx2 else 4) and cpu.renderer.native_float16 == tc.float16
 
 
 def test_compile_error_names_the_kernel_and_shows_the_compiler_output(cpu):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 
-from plugrad.dtype import PtrDType, dtypes
+from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.uop.ops import AxisType, GroupOp, Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import symbolic
@@ -95,11 +95,11 @@ class _Vectorizer:
 
   def _vec(self, u: UOp) -> UOp:
     w = self.w
-    if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and len(u.src) == 1:
+    if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and all(s.dtype is dtypes.void for s in u.src[1:]):  # ordering sources (a PACK copy) stay
       ix = u.src[0]
       gate = ix.src[2] if len(ix.src) > 2 else None
       if (gate is None or gate not in self.dep) and ix.src[0] not in self.dep and (base := _contiguous(ix.src[1], self.v)) is not None:
-        return UOp(Ops.LOAD, u.dtype.vec(w), (ix.replace(src=(ix.src[0], base, *ix.src[2:])),))
+        return UOp(Ops.LOAD, u.dtype.vec(w), (ix.replace(src=(ix.src[0], base, *ix.src[2:])), *u.src[1:]))
       return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(_simp(x) for x in self.lanes(u)))
     if u.op is Ops.STORE:
       ix, val = u.src[0], u.src[1]
@@ -123,7 +123,8 @@ class _Vectorizer:
 
 def _vector_axis(body: UOp, ups: list[UOp], width: int) -> UOp | None:
   if width <= 1 or any(u.op is Ops.WMMA for u in body.toposort): return None
-  stores = [u for u in body.toposort if u.op is Ops.STORE]
+  # the kernel's output stores (a PACK copy into a scratch array is not one: its loops are its own)
+  stores = [u for u in body.toposort if u.op is Ops.STORE and not (isinstance(p := u.src[0].dtype, PtrDType) and p.addrspace is AddrSpace.REG)]
   for r in reversed(ups):
     if _size(r) % width: continue
     if all(_contiguous(st.src[0].src[1], r) is not None for st in stores): return r

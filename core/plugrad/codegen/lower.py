@@ -183,5 +183,12 @@ def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
 
 
 def split_ends(ast: UOp) -> UOp:
-  sub = {u: split_end(u.src[0], u.src[1:]) for u in ast.toposort if u.op is Ops.END and len(u.src) > 2}
-  return ast.substitute(sub) if sub else ast
+  """Every END over several ranges as nested single-range ENDs, inner ones first (a PACK copy loop sits inside the
+  body of the store loop)."""
+  if not any(u.op is Ops.END and len(u.src) > 2 for u in ast.toposort): return ast
+  done: dict[UOp, UOp] = {}
+  for u in ast.toposort:
+    new_src = tuple(done[s] for s in u.src)
+    if u.op is Ops.END and len(u.src) > 2: done[u] = split_end(new_src[0], new_src[1:])
+    else: done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+  return done[ast]

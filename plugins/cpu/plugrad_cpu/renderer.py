@@ -173,14 +173,19 @@ class CPURenderer(CStyleRenderer):
 
 
 def parallel_range(uops: Sequence[UOp]) -> UOp | None:
-  """The loop whose iterations may run on different threads, or None: the only top-level RANGE, of axis type LOOP or
-  GLOBAL or THREAD (never REDUCE), when nothing outside it stores to memory, reads memory after it, or reads a buffer it writes."""
-  depth, top, span = 0, [], {}
+  """The loop whose iterations may run on different threads, or None: the only top-level RANGE that stores to memory
+  other than the thread's own arrays (a PACK copy loop before it stores only into one, and every thread runs it whole),
+  of axis type LOOP or GLOBAL or THREAD (never REDUCE), when nothing outside it stores to memory, reads memory after it,
+  or reads a buffer it writes."""
+  depth, top, span, start_of = 0, [], {}, {}
   for i, u in enumerate(uops):
     if u.op in (Ops.ENDRANGE, Ops.ENDIF): depth -= 1
-    if depth == 0 and u.op is Ops.RANGE: top.append(u)
+    if depth == 0 and u.op is Ops.RANGE: top.append(u); start_of[u] = i
     if u.op is Ops.ENDRANGE and depth == 0: span[u.src[0]] = i
     if u.op in (Ops.RANGE, Ops.IF): depth += 1
+  def shared_store(r: UOp) -> bool:
+    return any(u.op is Ops.STORE and _space(u.src[0]) is not AddrSpace.REG for u in uops[start_of[r]:span.get(r, len(uops)) + 1])
+  top = [r for r in top if shared_store(r)] if len(top) > 1 else top
   if len(top) != 1 or top[0].arg[1] not in (AxisType.LOOP, AxisType.GLOBAL, AxisType.THREAD): return None
   r = top[0]
   if (end := span.get(r)) is None: return None

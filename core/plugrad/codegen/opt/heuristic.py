@@ -12,9 +12,13 @@ On devices with workgroups the default is one output element per thread (the fla
 """
 from __future__ import annotations
 
-from plugrad.codegen.expand import _contiguous
+import os
+
+from plugrad.codegen.expand import _contiguous, _simp
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
-from plugrad.uop.ops import Ops, UOp
+from plugrad.dtype import dtypes
+from plugrad.helpers import prod
+from plugrad.uop.ops import AxisType, Ops, UOp
 
 
 def _const_size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else 0
@@ -31,6 +35,82 @@ def _try(k: Scheduler, *opts: Opt) -> bool:
   return True
 
 
+PACK_BUDGET = int(os.environ.get("PACK_BUDGET", 256 << 10))  # bytes of packed panel per tile: a quarter of a typical L2
+PACK_MIN_REUSE = 8      # rows that read each packed value at least (else the copy costs more than it saves)
+
+
+def _stride(idx: UOp, r: UOp) -> int | None:
+  """How far the index moves when range `r` steps by one (None: not linear in it)."""
+  zero, one = (_simp(idx.substitute({r: UOp.const(dtypes.index, v)})) for v in (0, 1))
+  d = _simp(one - zero)
+  return d.arg if d.op is Ops.CONST else None
+
+
+def _pack_panel(k: Scheduler, vec_axis: int) -> None:
+  """B-panel packing: the load read along the vector axis (a matmul's B) walks rows far apart as the reduction goes
+  on; copied into a scratch array in the order the register tile reads it, the tile streams it from one contiguous
+  panel. The vector axis is TILEd so that one tile's panel fits PACK_BUDGET, and the tile loop goes outermost (the
+  threads split the tiles, each packing its own)."""
+  loads = k.packable_values()
+  outs = k.output_axes
+  vr = outs[vec_axis]
+  red_rngs = set(k.reduce_axes) | set(k.ranges_of(AxisType.UNROLL))
+  ups = k.ranges_of(AxisType.UPCAST)
+  def deps(ld: UOp) -> set[UOp]: return {u for u in ld.toposort if u.op is Ops.RANGE}
+  cand = [n for n, ld in enumerate(loads) if vr in deps(ld) and deps(ld) & red_rngs]
+  if len(cand) != 1: return
+  ld = loads[cand[0]]
+  d = deps(ld)
+  # reuse: the output loops the panel does not depend on (a matmul's rows), with their register tile
+  reuse = prod(_const_size(r) for r in outs if r not in d) * prod(_const_size(r) for r in ups if r not in d)
+  if reuse < PACK_MIN_REUSE: return
+  # worth it only when the reduction walks the panel with a stride (rows of B): along a contiguous axis it is a stream
+  idxs = [u.src[0].src[1] for u in ld.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+  rstrides = [_stride(ix, r) for ix in idxs for r in k.reduce_axes if r in d]
+  if all(s is not None and abs(s) <= 1 for s in rstrides) and _along(idxs, vr): return
+  per_col = ld.dtype.itemsize * prod(_const_size(r) for r in d if r is not vr and r not in outs)  # bytes per step of the vector axis
+  size = _const_size(vr)
+  fits = [t for t in range(1, size + 1) if size % t == 0 and t * per_col <= PACK_BUDGET]
+  if not fits: return
+  t = max(fits)
+  if t < size and not _try(k, Opt(OptOps.TILE, vec_axis, t)): return
+  if not _try(k, Opt(OptOps.PACK, cand[0])): return
+  # the other operand (a matmul's A) is re-read once per tile column: packed too when that saves work, i.e. when it
+  # walks memory with a stride along the reduction (A^T) or carries fused elementwise work, and it fits
+  vr = k.output_axes[vec_axis + (1 if t < size else 0)]
+  for n, v in enumerate(k.packable_values()):
+    dv = {u for u in v.toposort if u.op is Ops.RANGE}
+    if vr in dv or not dv & red_rngs: continue
+    vidx = [u.src[0].src[1] for u in v.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    strided = any((st := _stride(ix, r)) is None or abs(st) > 1 for ix in vidx for r in k.reduce_axes if r in dv)
+    fused = any(u.op not in (Ops.LOAD, Ops.INDEX, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) and u.dtype is not dtypes.index for u in v.toposort)
+    if (strided or fused) and _try(k, Opt(OptOps.PACK, n)): break
+
+
+def _other_axis(k: Scheduler, vec_axis: int, deps: set[UOp]) -> int | None:
+  outs = k.output_axes
+  return next((n for n in reversed(range(len(outs))) if n != vec_axis and outs[n] in deps and _const_size(outs[n])), None)
+
+
+def _register_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> None:
+  w = max(1, k.renderer.vector_width)
+  for amt in (2 * w, w):
+    if _try(k, Opt(OptOps.UPCAST, vec_axis, amt)): break
+  if (other := _other_axis(k, vec_axis, deps)) is not None:
+    # 16-wide vectors mean AVX-512 and its 32 vector registers: 8 rows x 2 vectors = 16 accumulators; else 4 x 2 of 16
+    for amt in ((8, 6, 4, 3, 2) if w >= 16 else (4, 3, 2)):
+      if _try(k, Opt(OptOps.UPCAST, other, amt)): break
+  _try(k, Opt(OptOps.UNROLL, len(k.reduce_axes) - 1, 4))
+
+
+def _transposed_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> Scheduler | None:
+  """The register tile on a copy of `k` when PACK can give it a panel (else None: the tile would gather B)."""
+  trial = k.copy()
+  _register_tile(trial, vec_axis, deps)
+  _pack_panel(trial, vec_axis)
+  return trial if any(o.op is OptOps.PACK for o in trial.applied) else None
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   rd = k.renderer
   if rd.has_local: return k
@@ -44,16 +124,15 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
     if vec_axis is not None: _try(k, Opt(OptOps.UPCAST, vec_axis, w))
     return k
   if len(reds) != 1 or not raxes: return k
+  deps = {x for x in reds[0].src[0].toposort if x.op is Ops.RANGE}
   if vec_axis is not None and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads):
-    # matmul-like: a register tile of 2 vectors along the vector axis x 4 along another axis the reduction reads
-    for amt in (2 * w, w):
-      if _try(k, Opt(OptOps.UPCAST, vec_axis, amt)): break
-    deps = {x for x in reds[0].src[0].toposort if x.op is Ops.RANGE}
-    other = next((n for n in reversed(range(len(outs))) if n != vec_axis and outs[n] in deps and _const_size(outs[n])), None)
-    if other is not None:
-      for amt in (4, 3, 2):
-        if _try(k, Opt(OptOps.UPCAST, other, amt)): break
-    _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, 4))
+    # matmul-like: a register tile of 2 vectors along the vector axis x 8 (4) along another axis the reduction reads
+    _register_tile(k, vec_axis, deps)
+    _pack_panel(k, vec_axis)
+  elif vec_axis is not None and outs[vec_axis] in deps and _other_axis(k, vec_axis, deps) is not None and \
+      (trial := _transposed_tile(k, vec_axis, deps)) is not None:
+    # A.B^T: both operands run along the reduction; the register tile reads B from a panel PACK transposes it into
+    k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
   elif any(_contiguous(ix, raxes[-1]) is not None for ix in red_loads):
     # a reduction along contiguous memory: vector accumulators over the reduce axis
     for amt in (4 * w, 2 * w, w):

@@ -6,15 +6,22 @@ an outer range of size `s/amount` and an inner one of size `amount` (`r = outer*
 what to do with it (docs/optimizer.md). The outer range keeps `r`'s place in the axis lists, so the axis numbers of
 the other axes do not move when an action is applied.
 
-Axis numbers: UPCAST, LOCAL, THREAD, SWAP count among the *output axes* (ranges of type LOOP or GLOBAL, in loop
+Axis numbers: UPCAST, LOCAL, THREAD, SWAP, TILE count among the *output axes* (ranges of type LOOP or GLOBAL, in loop
 order); UNROLL, GROUP, GROUPTOP among the *reduce axes* (type REDUCE, in first-use order); PADTO among the output
-axes followed by the reduce axes; TC's axis picks among the renderer's matching tensor cores.
+axes followed by the reduce axes; TC's axis picks among the renderer's matching tensor cores; PACK's among the
+operands of the reductions (`Scheduler.packable_values`).
+
+Two actions change the loop structure instead of retagging a split: TILE splits an output axis into a tile loop moved
+to the front (outermost: cache blocking; the numbers of the output axes grow by one) and the loop within the tile,
+which keeps the axis's place; PACK copies what one load reads in one iteration of the loops around it into a
+scratch array in the order the kernel reads it (B-panel packing), and the kernel then reads the array.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
+from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import prod
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
@@ -23,6 +30,7 @@ from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 class OptOps(enum.Enum):
   TC = enum.auto(); UPCAST = enum.auto(); UNROLL = enum.auto(); LOCAL = enum.auto(); THREAD = enum.auto()
   GROUP = enum.auto(); GROUPTOP = enum.auto(); NOLOCALS = enum.auto(); PADTO = enum.auto(); SWAP = enum.auto()
+  TILE = enum.auto(); PACK = enum.auto()
 
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
@@ -42,7 +50,9 @@ class KernelOptError(ValueError):
   """An action that cannot be applied to this kernel on this renderer; the message says why."""
 
 
-MAX_UPCAST = 256          # register lanes (product of UPCAST and UNROLL sizes) a kernel may ask for
+MAX_UPCAST = 1024         # lanes (product of UPCAST and UNROLL sizes) a kernel may ask for: an 8x32 tile unrolled by 4
+MAX_PACK_BYTES = 1 << 19  # a PACK scratch array lives on the thread's stack: at most 512 KiB
+_PACK_ID = 1 << 16        # DEFINE_REG ids of PACK arrays (the accumulators of lower_reduces count up from 0)
 _OUTPUT_TYPES = (AxisType.LOOP, AxisType.GLOBAL)
 _LOCAL_TYPES = (AxisType.LOCAL, AxisType.GROUP_REDUCE)
 
@@ -142,12 +152,27 @@ class Scheduler:
       if a is b: raise KernelOptError(f"{opt}: swapping an axis with itself")
       self._reorder({a: b, b: a})
       return
+    if op is OptOps.PACK:
+      self._pack(opt)
+      return
+    if op is OptOps.TILE:
+      r = self._axis(self.output_axes, opt, "output")
+      amt = self._amount(r, opt)
+      size = _size(r)
+      assert size is not None
+      if amt == size: raise KernelOptError(f"{opt}: a tile of the whole axis (size {size}) leaves nothing to block")
+      if self.ranges_of(AxisType.THREAD): raise KernelOptError(f"{opt}: TILE must come before THREAD (the tile loop goes outermost)")
+      self._not_packed(r, opt)
+      outer, inner = self.new_range(size // amt, r.arg[1]), self.new_range(amt, r.arg[1])
+      self.ast = replace_range(self.ast, r, outer * amt + inner, (inner,), front=(outer,))
+      return
     if op is OptOps.PADTO:
       self._padto(self._axis(self.output_axes + self.reduce_axes, opt, "output or reduce"), opt)
       return
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
       r = self._axis(self.output_axes, opt, "output")
       amt = self._amount(r, opt)
+      self._not_packed(r, opt)
       if op is OptOps.UPCAST:
         if self.upcast_size() * amt > MAX_UPCAST: raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
         self._split(r, amt, AxisType.UPCAST)
@@ -167,6 +192,7 @@ class Scheduler:
     if op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):
       r = self._axis(self.reduce_axes, opt, "reduce")
       amt = self._amount(r, opt)
+      self._not_packed(r, opt)
       if op is OptOps.UNROLL:
         if self.upcast_size() * amt > MAX_UPCAST: raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
         self._split(r, amt, AxisType.UNROLL)
@@ -185,6 +211,83 @@ class Scheduler:
       self._split(r, amt, AxisType.GROUP_REDUCE, top=op is OptOps.GROUPTOP)
       return
     raise KernelOptError(f"unknown action {opt}")
+
+  # ---- packing
+  def packable_values(self) -> list[UOp]:
+    """PACK's candidates, in first-use order: the *operands* of the reductions, i.e. the largest parts of a reduced value
+    that read global memory and lack one of the value's output loops (a matmul's A and B factors, with whatever
+    elementwise work was fused into them: packing the value computes that work once instead of once per reuse)."""
+    copied = {u for pk in self._packs() for u in pk.toposort}  # what the PACK copies already made compute
+    outs = set(self.ranges_of(*_OUTPUT_TYPES, AxisType.UPCAST))
+    out: dict[UOp, None] = {}
+    for red in self.reduces:
+      topo = [u for u in red.src[0].toposort if u not in copied]
+      rng: dict[UOp, frozenset[UOp]] = {}
+      reads: dict[UOp, bool] = {}
+      users: dict[UOp, list[UOp]] = {}
+      for u in topo:
+        rng[u] = frozenset({u} if u.op is Ops.RANGE else ()).union(*(rng.get(x, frozenset()) for x in u.src))
+        glob = u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL
+        reads[u] = glob or any(reads.get(x, False) for x in u.src)
+        for x in u.src: users.setdefault(x, []).append(u)
+      full = rng[red.src[0]] & outs
+      own = set(red.src[1:]) | set(self.ranges_of(AxisType.UNROLL))
+      for u in topo:
+        if isinstance(u.dtype, PtrDType) or u.dtype.count != 1 or u.dtype in (dtypes.index, dtypes.void) or not reads[u]: continue
+        if not (rng[u] & own) or full <= rng[u]: continue
+        if all(rng[c] != rng[u] for c in users.get(u, [])): out[u] = None
+    return list(out)
+
+  def _packs(self) -> list[UOp]:
+    return [u for u in self.ast.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE and isinstance(p := u.src[0].src[0].dtype, PtrDType)
+            and p.addrspace is AddrSpace.REG]
+
+  def _not_packed(self, r: UOp, opt: Opt) -> None:
+    """Splitting a loop a PACK copy sits inside would split the copy too: refused (the loops it covers may be split)."""
+    for pk in self._packs():
+      if r in pk.toposort and r not in pk.src[1:]:
+        raise KernelOptError(f"{opt}: a PACK copy is made once per iteration of this axis; split it before PACK")
+
+  def _pack(self, opt: Opt) -> None:
+    """Copy the values of operand `opt.axis` during one iteration of the outer loops it depends on (the *scope*: the leading
+    loops of the store loop up to the first one the operand does not depend on) into a scratch array, ordered as the kernel
+    walks it: output loops, reduce loops, unrolled and upcast ranges (the vector lanes innermost). The copy runs once per
+    scope iteration; the loops inside the scope that the load does not depend on (the reuse) then read the array."""
+    ld = self._axis(self.packable_values(), opt, "packable operand")
+    if opt.amount not in (None, 0): raise KernelOptError(f"{opt}: PACK takes no amount (0 or None)")
+    if len(self.ends) != 1 or self.ast.src != (self.ends[0],): raise KernelOptError(f"{opt}: PACK needs a kernel with one store loop")
+    if any(u.op in (Ops.REDUCE, Ops.END) for u in ld.toposort):
+      raise KernelOptError(f"{opt}: the operand contains a reduction or a copy (its loops would be copied too)")
+    bufs = {u.src[0].src[0] for u in ld.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+    if any(u.op is Ops.STORE and u.src[0].src[0] in bufs for u in self.ast.toposort):
+      raise KernelOptError(f"{opt}: the kernel writes a buffer this operand reads")
+    deps = {u for u in ld.toposort if u.op is Ops.RANGE}
+    loop = [r for r in self.ends[0].src[1:] if r.arg[1] is not AxisType.UPCAST]  # register ranges are copied whole, never a scope
+    p = next((n for n, r in enumerate(loop) if r not in deps), None)
+    if p is None or not any(r.arg[1] in _OUTPUT_TYPES and r not in deps for r in loop[p:]):
+      raise KernelOptError(f"{opt}: no loop inside the copy's scope reuses the packed values (the load depends on every output loop)")
+    scope = set(loop[:p])
+    red_rngs = [r for red in self.reduces for r in red.src[1:]]
+    order = [r for r in loop if r.arg[1] in _OUTPUT_TYPES] + [r for r in red_rngs if r.arg[1] is AxisType.REDUCE] + \
+      [r for r in red_rngs if r.arg[1] is AxisType.UNROLL] + [r for r in self.ends[0].src[1:] if r.arg[1] is AxisType.UPCAST]
+    covered = list(dict.fromkeys(r for r in order if r in deps and r not in scope))
+    if (stray := deps - scope - set(covered)):
+      raise KernelOptError(f"{opt}: the operand depends on loops {sorted(r.arg[0] for r in stray)} PACK cannot order")
+    sizes = [_size(r) for r in covered]
+    if any(sz is None for sz in sizes): raise KernelOptError(f"{opt}: the load depends on a loop of symbolic size")
+    covered = [r for r, sz in zip(covered, sizes) if sz != 1]
+    isizes = [_size(r) or 1 for r in covered]
+    total = prod(isizes)
+    if total * ld.dtype.itemsize > MAX_PACK_BYTES:
+      raise KernelOptError(f"{opt}: the copy would take {total * ld.dtype.itemsize} bytes, more than {MAX_PACK_BYTES} (TILE the loops first)")
+    fresh = {r: self.new_range(sz, AxisType.LOOP) for r, sz in zip(covered, isizes)}
+    def flat(rs: list[UOp]) -> UOp:
+      out: UOp = UOp.const(dtypes.index, 0)
+      for n, r in enumerate(rs): out = out + r * prod(isizes[n + 1:])
+      return out
+    arr = UOp(Ops.DEFINE_REG, ld.dtype.ptr(total, AddrSpace.REG), (), _PACK_ID + len(self._packs()))
+    copy = UOp(Ops.END, dtypes.void, (arr.index(flat([fresh[r] for r in covered])).store(ld.substitute(fresh)), *fresh.values()))
+    self.ast = self.ast.substitute({ld: UOp(Ops.LOAD, ld.dtype, (arr.index(flat(covered)), copy))})
 
   def new_range(self, size: int | UOp, t: AxisType) -> UOp:
     r = UOp.range(size, self._next_id, t)
