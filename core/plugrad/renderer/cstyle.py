@@ -111,6 +111,12 @@ class CStyleRenderer(Renderer):
     semantics and no rounding or narrowing to add (else the base renders it lane by lane)."""
     return False
 
+  def mask_type(self, operand: DType, value: DType) -> str | None:
+    """The C type of the lane mask `a < b` gives on vectors of C-level dtype `operand`, when a WHERE can choose between
+    vectors of `value` with it by bit selection (lanes of the same count and size); None (the default): the comparison
+    makes a bool vector and the WHERE goes lane by lane."""
+    return None
+
   def render_vector_alu(self, op: Ops, dt: DType, args: Sequence[str]) -> str | None:
     """`op` on whole vectors of C-level dtype `dt` as one native expression (e.g. a vector fused multiply-add), or None
     for the base's handling (native infix operators, else lane by lane)."""
@@ -265,6 +271,13 @@ class CStyleRenderer(Renderer):
         ok &= all(m.op in (Ops.LOAD, Ops.STORE) and m.src[0] is ix and (m.dtype if m.op is Ops.LOAD else m.src[1].dtype).count == d.dtype.base.count
                   for m in idx_users.get(ix, []))
       if ok: self._regs_as_vars.add(d)
+    # a vector comparison whose every user is a WHERE choosing by it can stay a native lane mask (no bool vector)
+    self._masks: dict[UOp, str] = {}
+    for u in uops:
+      if u.op not in GroupOp.Comparison or u.dtype.count == 1 or not (users := idx_users.get(u, [])): continue
+      if not all(w.op is Ops.WHERE and w.src[0] is u and u not in w.src[1:] for w in users): continue
+      masks = {self.mask_type(self.cdt(u.src[0].dtype), self.cdt(w.dtype)) for w in users}
+      if len(masks) == 1 and (m := masks.pop()) is not None: self._masks[u] = m
 
   def _open(self, lines: list[str]) -> None:
     for s in lines: self.line(s)
@@ -277,12 +290,12 @@ class CStyleRenderer(Renderer):
   def _name(self, i: int, u: UOp) -> str:
     return self.unique(f"{_PREFIX.get(u.op, 'alu')}{i}")
 
-  def _define(self, i: int, u: UOp, expr: str) -> None:
+  def _define(self, i: int, u: UOp, expr: str, ctype: str | None = None) -> None:
     if u in self._inline: self.r[u] = expr
     elif self._uses.get(u, 0) == 0 and u.op in PURE | {Ops.VECTORIZE, Ops.VCONST, Ops.LOAD}: return  # unused and without effects
     else:
       self.r[u] = n = self._name(i, u)
-      self.line(f"{self.ctype(u.dtype)} {n} = {expr};")
+      self.line(f"{ctype or self.ctype(u.dtype)} {n} = {expr};")
 
   def _uop(self, i: int, u: UOp) -> None:
     op, r = u.op, self.r
@@ -314,6 +327,10 @@ class CStyleRenderer(Renderer):
       if u.dtype.count > 1 and (native := self.native_cast(r[s0], s0.dtype, u.dtype)) is not None: self._define(i, u, native)
       else: self._define(i, u, self._lanewise(u.dtype, [s0], lambda a: self.cast(a[0], s0.dtype.scalar(), u.dtype.scalar())))
     elif op is Ops.BITCAST: self._define(i, u, self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype))
+    elif u in self._masks: self._define(i, u, f"({r[u.src[0]]}{_INFIX[op]}{r[u.src[1]]})", self._masks[u])
+    elif op is Ops.WHERE and (m := self._masks.get(u.src[0])) is not None:
+      c, a, b = (r[s] for s in u.src)
+      self._define(i, u, f"(({self.tname(self.cdt(u.dtype))})(({c}&({m}){a})|(~{c}&({m}){b})))")
     elif op in GroupOp.ALU:
       sdt = u.src[-1].dtype if op is Ops.WHERE else u.src[0].dtype
       if u.dtype.count > 1 and (vec := self.render_vector_alu(op, self.cdt(u.dtype), [r[s] for s in u.src])) is not None: self._define(i, u, vec)

@@ -96,6 +96,12 @@ class CPURenderer(CStyleRenderer):
   def native_vector_op(self, op: Ops, dt: DType) -> bool:
     return self._gnu(dt) and dt.scalar() in _NATIVE_VEC and op in _NATIVE_OPS and (op is not Ops.FDIV or dtypes.is_float(dt))
 
+  def mask_type(self, operand: DType, value: DType) -> str | None:
+    # GNU C compares vectors lane by lane into a vector of signed ints as wide as the operands' lanes (-1 or 0)
+    if not (self._gnu(operand) and self._gnu(value) and operand.count == value.count and operand.itemsize == value.itemsize): return None
+    if operand.scalar() not in _NATIVE_VEC or value.scalar() not in _NATIVE_VEC: return None
+    return self.tname({1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[operand.scalar().itemsize].vec(operand.count))
+
   def render_vector_alu(self, op: Ops, dt: DType, args: Sequence[str]) -> str | None:
     # MULACC on float vectors: one fused multiply-add instruction where the target has FMA (the compiler flags forbid
     # contracting a*b+c on its own), else fmaf lane by lane; both round once, like the interpreter
