@@ -318,3 +318,95 @@ def test_beam_without_a_timer_is_a_clear_error(tmp_path, monkeypatch):
   monkeypatch.setattr(search, "_timer_factory", [])
   ast, _ = kernels("CPU")["sum"]
   with pytest.raises(search.BeamError, match="device layer"): search.beam_search(Scheduler(ast, Device["CPU"].renderer), 2)
+
+
+# ---- convolutions: the channel tile (vector lanes along the output channels, the weights PACKed into a panel)
+
+def _conv_kernels(dev: str) -> dict[str, tuple[UOp, dict[str, int]]]:
+  """A padded 3x3 convolution's forward kernel and its two backward kernels that reduce a product (the input gradient's
+  unfolded windows, summing over the output channels, and the weight gradient, summing over batch and pixels), with a
+  ReLU in between so the backward operands carry fused elementwise work."""
+  def T(*shape: int, grad: bool = False) -> Tensor:
+    return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev, requires_grad=grad)
+  x, w, g = T(2, 16, 6, 6, grad=True), T(16, 16, 3, 3, grad=True), T(2, 16, 6, 6)
+  y = x.conv2d(w, padding=1)
+  (y.relu() * g).sum().backward()
+  assert x.grad is not None and w.grad is not None
+  items, _ = create_schedule(y.uop, x.grad.uop, w.grad.uop)
+  out: dict[str, tuple[UOp, dict[str, int]]] = {}
+  for it in items:
+    if it.kind != "kernel": continue
+    k = Scheduler(it.ast, Device[dev].renderer)
+    if len(k.packable_values()) != 2: continue  # the col2im sum of the input gradient's windows reduces no product
+    shape = [r.src[0].arg for r in k.output_axes]
+    out["forward" if shape == [2, 16, 6, 6] else "weight_grad" if shape == [16, 16, 3, 3] else "input_grad"] = (it.ast, it.var_vals)
+  assert set(out) == {"forward", "input_grad", "weight_grad"}, list(out)
+  return out
+
+
+CONV_OPTS = {  # the channel tile's actions: lanes along the channel axis, rows along the pixels, the window width unrolled, PACK
+  "forward": [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 3, 6), Opt(OptOps.UNROLL, 2, 3), Opt(OptOps.PACK, 1)],
+  "input_grad": [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.PACK, 0)],
+  "weight_grad": [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 2, 3), Opt(OptOps.UNROLL, 2, 3), Opt(OptOps.PACK, 0)],
+}
+
+
+@pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("name", ["forward", "input_grad", "weight_grad"])
+def test_conv_channel_tile_matches_the_unoptimized_kernel(dev, name):
+  ast, var_vals = _conv_kernels(dev)[name]
+  renderer = Device[dev].renderer
+  opts = CONV_OPTS[name]
+  # the packed operand is the one the channel lanes read: find its number after the splits
+  k = Scheduler(ast, renderer).apply_opts(opts[:-1])
+  lane = k.ranges_of(AxisType.UPCAST)[0]
+  pk = next(n for n, v in enumerate(k.packable_values()) if lane in v.toposort)
+  opts = opts[:-1] + [Opt(OptOps.PACK, pk)]
+  check_same(ast, renderer, opts, var_vals)
+  # and with the channel loop TILEd first (a panel too big for one copy is packed per tile)
+  tiled = [Opt(OptOps.UPCAST, opts[0].axis, 2), Opt(OptOps.TILE, opts[0].axis, 2)]
+  k = Scheduler(ast, renderer).apply_opts(tiled)
+  lane = k.ranges_of(AxisType.UPCAST)[0]
+  check_same(ast, renderer, tiled + [Opt(OptOps.PACK, next(n for n, v in enumerate(k.packable_values()) if lane in v.toposort))], var_vals)
+
+
+@pytest.mark.parametrize("name", ["forward", "input_grad", "weight_grad"])
+def test_heuristics_channel_tile_convolutions(name):
+  ast, var_vals = _conv_kernels("CPU")[name]
+  renderer = Device["CPU"].renderer
+  prg = get_program(ast, renderer)
+  applied = list(prg.applied_opts)
+  if renderer.vector_width > 1:  # the lanes go along a channel axis (one vector), its operand packed into one panel
+    assert applied[0] == Opt(OptOps.UPCAST, applied[0].axis, renderer.vector_width) and OptOps.PACK in {o.op for o in applied}, applied
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(prg, var_vals)
+  for slot in prg.outs: np.testing.assert_allclose(got[slot], want[slot], rtol=2e-5, atol=2e-5, err_msg=f"{name} {applied}")
+  # the same decisions on the interpreter (whose own defaults are the workgroup split) give the same numbers
+  past, pvals = _conv_kernels("PYTHON")[name]
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def test_channel_tile_vectorizes_along_scattered_stores():
+  # the output channels are 36 floats apart in the output: the lanes still make vector FMAs on the packed panel
+  ast, _ = _conv_kernels("CPU")["forward"]
+  renderer = Device["CPU"].renderer
+  w = renderer.vector_width
+  if w <= 1: pytest.skip("the CPU renderer has no vector lanes on this machine")
+  prg = get_program(ast, renderer)
+  assert f"float{w}" in prg.source and f"pg_fma_float{w}" in prg.source
+
+
+@pytest.mark.parametrize("opts, why", [
+  ([Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.PACK, 7)], "packable operand"),
+  ([Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.PACK, 1, 4)], "no amount"),
+  ([Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.TILE, 1, 4)], "whole axis"),
+  ([Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.TILE, 1, 2), Opt(OptOps.PACK, 1), Opt(OptOps.UPCAST, 0, 2)], "split it before PACK"),
+  ([Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 3, 7)], "does not divide"),
+])
+def test_invalid_conv_tile_actions_raise_with_the_reason(opts, why):
+  ast, _ = _conv_kernels("CPU")["forward"]
+  k = Scheduler(ast, Device["CPU"].renderer)
+  k.apply_opts(opts[:-1])
+  before = k.ast
+  with pytest.raises(KernelOptError, match=why): k.apply_opt(opts[-1])
+  assert k.ast is before

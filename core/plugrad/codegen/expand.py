@@ -125,10 +125,15 @@ def _vector_axis(body: UOp, ups: list[UOp], width: int) -> UOp | None:
   if width <= 1 or any(u.op is Ops.WMMA for u in body.toposort): return None
   # the kernel's output stores (a PACK copy into a scratch array is not one: its loops are its own)
   stores = [u for u in body.toposort if u.op is Ops.STORE and not (isinstance(p := u.src[0].dtype, PtrDType) and p.addrspace is AddrSpace.REG)]
-  for r in reversed(ups):
-    if _size(r) % width: continue
+  fits = [r for r in reversed(ups) if _size(r) % width == 0]
+  for r in fits:
     if all(_contiguous(st.src[0].src[1], r) is not None for st in stores): return r
-  return None
+  # no axis along which the stores are contiguous (a convolution's output channels, NCHW): an axis along which a
+  # reduction reads contiguous memory (a packed panel) still pays for itself, since each output is stored once after
+  # the whole reduction; the stores become one scalar store per lane
+  red_loads = [x.src[0].src[1] for red in body.toposort if red.op is Ops.REDUCE for x in red.src[0].toposort
+               if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX]
+  return next((r for r in fits if any(_contiguous(ix, r) is not None for ix in red_loads)), None)
 
 
 def expand(ast: UOp, vector_width: int = 1) -> UOp:

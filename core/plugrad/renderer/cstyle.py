@@ -329,8 +329,8 @@ class CStyleRenderer(Renderer):
     elif op is Ops.BITCAST: self._define(i, u, self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype))
     elif u in self._masks: self._define(i, u, f"({r[u.src[0]]}{_INFIX[op]}{r[u.src[1]]})", self._masks[u])
     elif op is Ops.WHERE and (m := self._masks.get(u.src[0])) is not None:
-      c, a, b = (r[s] for s in u.src)
-      self._define(i, u, f"(({self.tname(self.cdt(u.dtype))})(({c}&({m}){a})|(~{c}&({m}){b})))")
+      cond, yes, no = (r[s] for s in u.src)
+      self._define(i, u, f"(({self.tname(self.cdt(u.dtype))})(({cond}&({m}){yes})|(~{cond}&({m}){no})))")
     elif op in GroupOp.ALU:
       sdt = u.src[-1].dtype if op is Ops.WHERE else u.src[0].dtype
       if u.dtype.count > 1 and (vec := self.render_vector_alu(op, self.cdt(u.dtype), [r[s] for s in u.src])) is not None: self._define(i, u, vec)

@@ -7,6 +7,9 @@ On a device without workgroups (the CPU), where the C compiler turns vector lane
   value loaded from A is used twice per vector of B);
 * the reduce axis is UNROLLed by 4; when no output axis is contiguous but the loads run along the reduce axis (a sum
   over the last axis) it is UNROLLed by 4 vectors, which the expander turns into vector accumulators;
+* when that vector axis cannot carry plain vector loads (a convolution: its output width is gated by the padding and
+  56 is not a multiple of 16), the *channel tile* puts the lanes along an output axis that only one operand reads (the
+  output channels: the weights), PACKs that operand into a panel and makes the other axes' pixels the tile's rows;
 * the outermost output loop is split across host threads by the runtime.
 On devices with workgroups the default is one output element per thread (the flat split of add_gpudims).
 """
@@ -16,7 +19,7 @@ import os
 
 from plugrad.codegen.expand import _contiguous, _simp
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
-from plugrad.dtype import dtypes
+from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import prod
 from plugrad.uop.ops import AxisType, Ops, UOp
 
@@ -111,6 +114,81 @@ def _transposed_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> Scheduler |
   return trial if any(o.op is OptOps.PACK for o in trial.applied) else None
 
 
+ROW_LIMIT = {True: 14, False: 6}  # rows of a channel tile (one vector accumulator each): 32 vector registers (AVX-512) or 16
+
+
+def _pack_fits(k: Scheduler, n: int) -> bool:
+  """PACK operand `n` on `k` when its copy fits PACK_BUDGET (the panel should stay in L2 while the tile reuses it)."""
+  trial = k.copy()
+  if not _try(trial, Opt(OptOps.PACK, n)): return False
+  regs = [u.dtype for u in trial.ast.toposort if u.op is Ops.DEFINE_REG]
+  if max((p.size * p.base.itemsize for p in regs if isinstance(p, PtrDType) and p.addrspace is AddrSpace.REG), default=0) > PACK_BUDGET: return False
+  k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
+  return True
+
+
+def _vector_lanes_fit(k: Scheduler, vec_axis: int | None, w: int) -> bool:
+  """Whether output axis `vec_axis` (the stores' contiguous one) can carry the matmul tile's vector lanes: its size is a
+  multiple of the vector width and no load of the reduction is gated by it (a padded convolution input is gated along
+  its width, so lanes there would gather). Loads strided along it are fine: PACK transposes them (A.B^T)."""
+  if vec_axis is None: return False
+  r = k.output_axes[vec_axis]
+  if not (sz := _const_size(r)) or sz % w: return False
+  gates = [u.src[0].src[2] for red in k.reduces for u in red.src[0].toposort
+           if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and len(u.src[0].src) > 2]
+  return not any(r in g.toposort for g in gates)
+
+
+def _reader(k: Scheduler, r: UOp) -> int | None:
+  """The number of the packable operand that depends on range `r`."""
+  return next((n for n, v in enumerate(k.packable_values()) if r in v.toposort), None)
+
+
+def _divisor(size: int, limit: int) -> int: return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
+
+
+def _channel_tile(k: Scheduler) -> Scheduler | None:
+  """A register tile for reductions whose store-contiguous axis cannot carry the vector lanes — a convolution's output
+  width (56 is not a multiple of 16; its padded input is gated along it, so its loads there would be gathers) or its
+  weight gradient's kernel width (3). The lanes go along another output axis `c` that exactly one operand depends on
+  (a convolution's output channels: the weights), and that operand is PACKed so that the lanes read one contiguous
+  panel. The rows of the tile are output axes the other operand reads and the packed one does not (the output pixels),
+  each row a scalar load broadcast to one vector accumulator; the innermost reduce axis is unrolled (a 3x3 window's
+  width: neighbouring rows then share their loads). Returns the tiled copy of `k`, or None when PACK cannot apply
+  (without the panel the lanes would gather)."""
+  w = k.renderer.vector_width
+  if w <= 1: return None
+  def rngs(v: UOp) -> set[UOp]: return {u for u in v.toposort if u.op is Ops.RANGE}
+  red = set(k.reduce_axes)
+  for ci in reversed(range(len(k.output_axes))):
+    outs, vals = k.output_axes, k.packable_values()
+    c = outs[ci]
+    if not (sz := _const_size(c)) or sz % w: continue
+    mine = [n for n, v in enumerate(vals) if c in rngs(v) and rngs(v) & red]
+    if len(mine) != 1 or any(c in rngs(v) for n, v in enumerate(vals) if n != mine[0]): continue
+    packed = rngs(vals[mine[0]])
+    reuse = set().union(*(rngs(v) for n, v in enumerate(vals) if n != mine[0])) - packed
+    rows = [n for n in reversed(range(len(outs))) if outs[n] in reuse and _const_size(outs[n])]
+    trial = k.copy()
+    before = set(trial.ranges_of(AxisType.UPCAST))
+    if not _try(trial, Opt(OptOps.UPCAST, ci, w)): continue
+    lane = next(r for r in trial.ranges_of(AxisType.UPCAST) if r not in before)
+    left = ROW_LIMIT[w >= 16]
+    for n in rows:  # the innermost reuse axis first (stores and input loads run along it), then the next while room is left
+      if left < 2: break
+      if (d := _divisor(_const_size(trial.output_axes[n]), left)) > 1 and _try(trial, Opt(OptOps.UPCAST, n, d)): left //= d
+    if (last := _const_size(trial.reduce_axes[-1])):
+      _try(trial, Opt(OptOps.UNROLL, len(trial.reduce_axes) - 1, last if last <= 4 else _divisor(last, 4)))
+    if (pk := _reader(trial, lane)) is not None and _pack_fits(trial, pk): return trial
+    # too big for one copy: TILE the channel loop (the tile loop goes outermost, the threads split the tiles, each
+    # packing its own panel) until one tile's panel fits PACK_BUDGET
+    size = _const_size(trial.output_axes[ci])
+    for t in sorted((t for t in range(1, size) if size % t == 0), reverse=True):
+      tiled = trial.copy()
+      if _try(tiled, Opt(OptOps.TILE, ci, t)) and (pk := _reader(tiled, lane)) is not None and _pack_fits(tiled, pk): return tiled
+  return None
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   rd = k.renderer
   if rd.has_local: return k
@@ -125,7 +203,10 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
     return k
   if len(reds) != 1 or not raxes: return k
   deps = {x for x in reds[0].src[0].toposort if x.op is Ops.RANGE}
-  if vec_axis is not None and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads):
+  if not _vector_lanes_fit(k, vec_axis, w) and (trial := _channel_tile(k)) is not None:
+    # the store-contiguous axis cannot carry plain vector loads (a convolution): the lanes go along the output channels
+    k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
+  elif vec_axis is not None and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads):
     # matmul-like: a register tile of 2 vectors along the vector axis x 8 (4) along another axis the reduction reads
     _register_tile(k, vec_axis, deps)
     _pack_panel(k, vec_axis)
