@@ -100,3 +100,34 @@ def test_reader_of_the_old_value_runs_before_the_assign():
   def buf(u): return buffer_of(u if u.op is Ops.BUFFER else u.src[0])
   np.testing.assert_allclose(buf(becomes[old_plus]).numpy(), np.arange(4) * 2)
   np.testing.assert_allclose(buf(w.uop).numpy(), np.arange(4) * 10)
+
+
+# ---- the schedule cache
+
+def test_schedule_cache_reuses_a_graph_form_over_other_buffers():
+  from plugrad.engine import schedule as sched
+  from plugrad.helpers import Context
+  with Context(SCHEDULE_CACHE=1):
+    rng = np.random.default_rng(0)
+    def step(a, b): return ((Tensor(a) * Tensor(b)).contiguous() + 1).sum(axis=0)
+    a1, b1, a2, b2 = (rng.random((5, 7), dtype=np.float32) for _ in range(4))
+    items1 = step(a1, b1).schedule()
+    n = len(sched._cache)
+    out2, items2 = step(a2, b2), step(a2, b2).schedule()
+    assert len(sched._cache) == n  # the same form: a hit
+    assert [it.ast for it in items1] == [it.ast for it in items2]
+    assert not {b for it in items1 for b in it.bufs} & {b for it in items2 for b in it.bufs}  # own inputs, new results
+    np.testing.assert_allclose(out2.numpy(), (a2 * b2 + 1).sum(axis=0), rtol=1e-6)
+    x = rng.random((5, 7), dtype=np.float32)
+    t = Tensor(x)
+    np.testing.assert_allclose((t * t + 1).sum(axis=0).numpy(), (x * x + 1).sum(axis=0), rtol=1e-6)  # a*a is another form than a*b
+    assert len(sched._cache) > n
+
+
+def test_schedule_cache_off():
+  from plugrad.engine import schedule as sched
+  from plugrad.helpers import Context
+  with Context(SCHEDULE_CACHE=0):
+    n = len(sched._cache)
+    np.testing.assert_allclose((Tensor([1.0, 2.0]) * 3 + 0.5).numpy(), [3.5, 6.5])
+    assert len(sched._cache) == n

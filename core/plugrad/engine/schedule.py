@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from plugrad.codegen.lower import reduce_identity as _identity
 from plugrad.dtype import dtypes
-from plugrad.engine.buffers import new_buffer
-from plugrad.helpers import DEBUG, prod, recursion_limit
+from plugrad.engine.buffers import buffer_like, new_buffer
+from plugrad.helpers import DEBUG, ContextVar, prod, recursion_limit
 from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, sint
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.spec import maybe_check
@@ -249,11 +250,68 @@ def _aliased_reads(ast: UOp, out_slot: int = 0) -> bool:
 
 def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels and copies that compute `targets`, in the order to run them, and each realized node's replacement (its
-  buffer, reshaped to its shape)."""
+  buffer, reshaped to its shape).
+
+  Schedules are cached by the graph's form: the graph with its buffers replaced by numbered stand-ins (same dtype,
+  size and device). A graph of the same form over other buffers — the next step of a loop, the same expression on
+  new data — reuses the kernels and order, with its own buffers put in and new result buffers made."""
   if not targets: return [], {}
   for t in targets:
     if not isinstance(t, UOp) or t.shape is None: raise ScheduleError(f"create_schedule needs tensor-graph UOps with a shape, got {t!r:.80}")
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+  if not SCHEDULE_CACHE: return _create_schedule(sink)
+  topo = list(sink.toposort)
+  leaves = [u for u in topo if u.op is Ops.BUFFER]
+  key = sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)})
+  if (hit := _cache.get(key)) is None:
+    items, becomes = _create_schedule(sink)
+    _cache[key] = hit = _template(items, becomes, topo, leaves)
+    if len(_cache) > SCHEDULE_CACHE_SIZE: del _cache[next(iter(_cache))]
+  else: _cache.move_to_end(key)
+  return hit.instantiate(topo, leaves)
+
+
+SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
+SCHEDULE_CACHE_SIZE = 512  # graph forms kept (oldest dropped first)
+_cache: OrderedDict[UOp, _Template] = OrderedDict()
+
+
+def _stand_in(buf: UOp, i: int) -> UOp:
+  """Buffer number i of a graph's form (the cache holds no real buffer, so it keeps no memory alive)."""
+  return UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.UNIQUE, dtypes.void, (), f"leaf {i}"), buf.src[1]), buf.arg)
+
+
+@dataclass
+class _Template:
+  """A schedule in stand-in form: leaf i is "leaf i", result buffer j is "new j" (made afresh per use), realized nodes
+  are named by their position in the graph's toposort."""
+  items: list[ScheduleItem]
+  becomes: dict[int, UOp]
+  new: list[UOp]
+
+  def instantiate(self, topo: list[UOp], leaves: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    real = dict(zip((_stand_in(b, i) for i, b in enumerate(leaves)), leaves)) | {n: buffer_like(n) for n in self.new}
+    def sub(u: UOp) -> UOp: return r if (r := real.get(u)) is not None else u.substitute(real)
+    items = [ScheduleItem(it.ast, tuple(real[b] for b in it.bufs), it.device, it.var_vals, frozenset(real[b] for b in it.reads_before),
+                          it.in_place) for it in self.items]
+    return items, {topo[i]: sub(v) for i, v in self.becomes.items()}
+
+
+def _template(items: list[ScheduleItem], becomes: dict[UOp, UOp], topo: list[UOp], leaves: list[UOp]) -> _Template:
+  to: dict[UOp, UOp] = {b: _stand_in(b, i) for i, b in enumerate(leaves)}
+  new: list[UOp] = []
+  for it in items:
+    for b in it.bufs:
+      if b not in to:
+        to[b] = UOp(Ops.BUFFER, b.dtype, (UOp(Ops.UNIQUE, dtypes.void, (), f"new {len(new)}"), b.src[1]), b.arg)
+        new.append(to[b])
+  def sub(u: UOp) -> UOp: return r if (r := to.get(u)) is not None else u.substitute(to)
+  pos = {u: i for i, u in enumerate(topo)}
+  return _Template([ScheduleItem(it.ast, tuple(to[b] for b in it.bufs), it.device, it.var_vals, frozenset(to[b] for b in it.reads_before),
+                                 it.in_place) for it in items], {pos[u]: sub(v) for u, v in becomes.items()}, new)
+
+
+def _create_schedule(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   maybe_check("tensor", sink)
   realize = _find_realized(sink)
   realized: dict[UOp, UOp] = {}
@@ -262,7 +320,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     if u in realize: _schedule_one(u, realized, items)
   items = _order(items)
   becomes = {u: realized[u] for u in realize}
-  for t in targets:
+  for t in sink.src:
     if t.op is Ops.CONTIGUOUS and _is_buffer_form(t.src[0]): becomes[t] = t.src[0]
   if DEBUG >= 3:
     for it in items: print(f"scheduled {it!r}")
