@@ -410,3 +410,55 @@ def test_invalid_conv_tile_actions_raise_with_the_reason(opts, why):
   before = k.ast
   with pytest.raises(KernelOptError, match=why): k.apply_opt(opts[-1])
   assert k.ast is before
+
+
+def _window_sum_kernel(dev: str) -> tuple[UOp, dict[str, int]]:
+  """The convolution input gradient's col2im kernel: a sum of the unfolded windows' gradient (no product), its loads
+  gated by which window positions fall inside the padding."""
+  def T(*shape: int, grad: bool = False) -> Tensor:
+    return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev, requires_grad=grad)
+  x, w = T(2, 4, 6, 6, grad=True), T(8, 4, 3, 3)
+  x.conv2d(w, padding=1).sum().backward()
+  assert x.grad is not None
+  items, _ = create_schedule(x.grad.uop)
+  for it in items:
+    if it.kind != "kernel": continue
+    if any(u.op is Ops.REDUCE for u in it.ast.toposort) and any(len(u.src) > 2 for u in it.ast.toposort if u.op is Ops.INDEX):
+      return it.ast, it.var_vals
+  raise AssertionError("no gated window-sum kernel in the input gradient's schedule")
+
+
+def test_heuristics_copy_out_a_gated_axis_of_a_window_sum():
+  ast, var_vals = _window_sum_kernel("CPU")
+  renderer = Device["CPU"].renderer
+  prg = get_program(ast, renderer)
+  applied = list(prg.applied_opts)
+  k = Scheduler(ast, renderer)
+  sizes = [r.src[0].arg for r in k.output_axes]
+  # the innermost small output axis the gates test is UPCAST whole
+  assert any(o.op is OptOps.UPCAST and o.amount == 0 and 2 <= sizes[o.axis] <= 8 for o in applied), applied
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(prg, var_vals)
+  for slot in prg.outs: np.testing.assert_allclose(got[slot], want[slot], rtol=2e-5, atol=2e-5, err_msg=f"{applied}")
+  past, pvals = _window_sum_kernel("PYTHON")
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def test_gated_index_simplification_keeps_the_values_where_the_gate_holds():
+  from plugrad.codegen.lower import simplify_gated_index
+  from plugrad.uop.rewrite import graph_rewrite
+  from plugrad.uop.symbolic import symbolic
+  r1, r2, r4 = UOp.range(16, 1, AxisType.LOOP), UOp.range(6, 2, AxisType.LOOP), UOp.range(4, 4, AxisType.REDUCE)
+  x = r2 + r4 * 6
+  idx = (x // 21) * 1000 + (r1 * 21 + r2 + r4 * 6) // 336 * 2304 + (x % 7) * 36 + ((x % 7) * 4 + r1 * 16) // 256
+  gate = (x < 21) & ((x % 7) < 4)
+  simp = simplify_gated_index(idx, gate, lambda u: graph_rewrite(u, symbolic))
+  def divs(u: UOp) -> int: return sum(1 for n in u.toposort if n.op in (Ops.IDIV, Ops.MOD))
+  assert divs(simp) < divs(idx), simp.render(simplify=False)
+  checked = 0
+  for a, b, c in itertools.product(range(16), range(6), range(4)):
+    env = {r1: UOp.const(dtypes.index, a), r2: UOp.const(dtypes.index, b), r4: UOp.const(dtypes.index, c)}
+    if not gate.substitute(env).simplify().arg: continue
+    assert simp.substitute(env).simplify().arg == idx.substitute(env).simplify().arg, (a, b, c)
+    checked += 1
+  assert checked > 0

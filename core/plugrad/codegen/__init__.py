@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from plugrad.codegen.expand import expand
 from plugrad.codegen.linearize import linearize
-from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, split_ends
+from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, simplify_gated_indices, split_ends
 from plugrad.codegen.opt import BEAM, NOOPT, Opt, Scheduler, hand_coded_optimizations
 from plugrad.helpers import DEBUG
 from plugrad.renderer.base import Renderer
@@ -46,6 +46,7 @@ def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
   info = opt_ast.arg if isinstance(opt_ast.arg, KernelInfo) else KernelInfo()
   lowered = add_gpudims(lower_group_reduces(drop_unit_ranges(opt_ast)), renderer, info.dont_use_locals)
   lowered = graph_rewrite(expand(lowered, renderer.vector_width), symbolic, name="gpudims")
+  lowered = simplify_gated_indices(lowered, lambda u: graph_rewrite(u, symbolic, name="gated index"))
   lowered = split_ends(lower_reduces(lowered))
   return linearize(lowered)
 

@@ -66,8 +66,20 @@ def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
   return done[ast]
 
 
+def _addends(u: UOp) -> list[UOp]: return _addends(u.src[0]) + _addends(u.src[1]) if u.op is Ops.ADD else [u]
+
+
 def _contiguous(idx: UOp, v: UOp) -> UOp | None:
   """The base index when `idx` is `base + v` (v the lane), else None."""
+  # the common case without the simplifier (it was most of the codegen time of a small kernel): `v` is one addend of the
+  # index's sum and no other addend mentions it, so the other addends are the base; a `v` nowhere in it is no lane at all
+  if v not in idx.toposort: return None
+  terms = _addends(idx)
+  if sum(t is v for t in terms) == 1 and not any(v in t.toposort for t in terms if t is not v):
+    rest = [t for t in terms if t is not v]
+    base = rest[0] if rest else UOp.const(dtypes.index, 0)
+    for t in rest[1:]: base = base + t
+    return base
   base = _simp(idx.substitute({v: UOp.const(dtypes.index, 0)}))
   return base if _simp(idx) is _simp(base + v) else None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 from plugrad.dtype import AddrSpace, DType, dtypes
 from plugrad.helpers import ceildiv, prod
@@ -192,3 +193,86 @@ def split_ends(ast: UOp) -> UOp:
     if u.op is Ops.END and len(u.src) > 2: done[u] = split_end(new_src[0], new_src[1:])
     else: done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
   return done[ast]
+
+
+# ---- gated memory accesses: the index only matters where the gate holds
+
+def _clauses(gate: UOp) -> list[UOp]:
+  if gate.op is Ops.AND and gate.dtype is dtypes.bool: return _clauses(gate.src[0]) + _clauses(gate.src[1])
+  return [gate]
+
+
+def _clause_bounds(c: UOp) -> tuple[UOp, int, int] | None:
+  """(X, lo, hi) when clause `c` says X lies in [lo, hi] (X an integer expression, not a constant): `X < k`, `k < X`, and
+  their negations `(X < k) != True`."""
+  neg = False
+  if c.op is Ops.CMPNE and c.src[1].op is Ops.CONST and c.src[1].arg is True and c.src[0].op is Ops.CMPLT: c, neg = c.src[0], True
+  if c.op is not Ops.CMPLT or c.src[0].dtype is not dtypes.index: return None
+  a, b = c.src
+  if b.op is Ops.CONST and a.op is not Ops.CONST:
+    x, lo, hi = a, a.vmin, a.vmax
+    if neg: lo = max(lo, b.arg)   # X >= k
+    else: hi = min(hi, b.arg - 1)
+  elif a.op is Ops.CONST and b.op is not Ops.CONST:
+    x, lo, hi = b, b.vmin, b.vmax
+    if neg: hi = min(hi, a.arg)   # X <= k
+    else: lo = max(lo, a.arg + 1)
+  else: return None
+  if not isinstance(lo, int) or not isinstance(hi, int) or lo > hi or (lo, hi) == (x.vmin, x.vmax): return None
+  return x, lo, hi
+
+
+def simplify_gated_index(idx: UOp, gate: UOp, simplify: Callable[[UOp], UOp]) -> UOp:
+  """`idx` simplified with what `gate` says about the values it is used with: each clause `X < k` (or `k < X`) of the gate
+  bounds X, so X is replaced by a variable with those bounds, the index simplified (a division whose quotient the
+  bound makes constant folds away, a modulo that cannot wrap drops), and the variables put back. A padded window's
+  index (the sums of a convolution's input gradient) loses most of its divisions this way. Valid because a gated
+  access reads or writes nothing where the gate is false."""
+  back: dict[UOp, UOp] = {}
+  new = idx
+  for n, c in enumerate(_clauses(gate)):
+    if back: c = simplify(c.substitute({x: v for v, x in back.items()}))
+    if (b := _clause_bounds(c)) is None: continue
+    x, lo, hi = b
+    if not (sub := _sum_sub(new, x, v := UOp.variable(f"gate{n}_{id(x)}", lo, hi))): continue
+    back[v] = x
+    new = simplify(new.substitute(sub))
+  if not back: return idx
+  for v, x in reversed(back.items()): new = new.substitute({v: x})  # a later clause's X may hold an earlier variable
+  new = simplify(new)
+  return new if _ops(new) < _ops(idx) else idx
+
+
+def _addends(u: UOp) -> list[UOp]: return _addends(u.src[0]) + _addends(u.src[1]) if u.op is Ops.ADD else [u]
+
+
+def _sum_sub(idx: UOp, x: UOp, v: UOp) -> dict[UOp, UOp]:
+  """Replacements putting `v` for `x` in `idx`: where `x` is a node of it, and where `x` is a sum whose addends are among
+  those of a larger sum (the simplifier regroups sums: `(r1*21 + r2) + r4*6` holds `r2 + r4*6` only as addends)."""
+  topo = idx.toposort
+  sub: dict[UOp, UOp] = {x: v} if x in topo else {}
+  if x.op is not Ops.ADD: return sub
+  xs = _addends(x)
+  for u in topo:
+    if u.op is not Ops.ADD or u is x: continue
+    rest = _addends(u)
+    for t in xs:
+      if t not in rest: break
+      rest.remove(t)
+    else:
+      out = v
+      for t in rest: out = out + t
+      sub[u] = out
+  return sub
+
+
+def _ops(u: UOp) -> int: return sum(1 for x in u.toposort if x.op not in (Ops.CONST, Ops.RANGE, Ops.DEFINE_VAR, Ops.SPECIAL))
+
+
+def simplify_gated_indices(ast: UOp, simplify: Callable[[UOp], UOp]) -> UOp:
+  """Every gated INDEX of `ast` with its index simplified under its gate (simplify_gated_index)."""
+  sub: dict[UOp, UOp] = {}
+  for u in ast.toposort:
+    if u.op is Ops.INDEX and len(u.src) > 2 and u.src[1].dtype is dtypes.index and u.src[1].op is not Ops.CONST:
+      if (ni := simplify_gated_index(u.src[1], u.src[2], simplify)) is not u.src[1]: sub[u] = u.replace(src=(u.src[0], ni, *u.src[2:]))
+  return ast.substitute(sub) if sub else ast
