@@ -462,3 +462,26 @@ def test_gated_index_simplification_keeps_the_values_where_the_gate_holds():
     assert simp.substitute(env).simplify().arg == idx.substitute(env).simplify().arg, (a, b, c)
     checked += 1
   assert checked > 0
+
+
+def _batchnorm_var_kernel(dev: str) -> tuple[UOp, dict[str, int]]:
+  """BatchNorm's variance: sum over N, H, W of (x - mean[c])^2. The mean is read once per channel (contiguous along the
+  channels, but not along the reduction)."""
+  x = Tensor(RNG.standard_normal((16, 16, 8, 8)).astype(np.float32), device=dev)
+  m = x.mean((0, 2, 3), keepdim=True).realize()
+  return _ast(((x - m) * (x - m)).sum((0, 2, 3)))
+
+
+def test_heuristics_do_not_gather_channels_for_a_broadcast_operand():
+  ast, var_vals = _batchnorm_var_kernel("CPU")
+  renderer = Device["CPU"].renderer
+  prg = get_program(ast, renderer)
+  applied = list(prg.applied_opts)
+  # the channel axis (the only output loop, the parallel one) stays a loop; the lanes go along the contiguous pixels
+  assert not any(o.op is OptOps.UPCAST for o in applied), applied
+  assert any(o.op is OptOps.UNROLL for o in applied) or renderer.vector_width <= 1, applied
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(prg, var_vals)
+  for slot in prg.outs: np.testing.assert_allclose(got[slot], want[slot], rtol=2e-5, atol=2e-5, err_msg=f"{applied}")
+  past, pvals = _batchnorm_var_kernel("PYTHON")
+  if applied: check_same(past, Device["PYTHON"].renderer, applied, pvals)

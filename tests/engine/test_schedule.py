@@ -131,3 +131,53 @@ def test_schedule_cache_off():
     n = len(sched._cache)
     np.testing.assert_allclose((Tensor([1.0, 2.0]) * 3 + 0.5).numpy(), [3.5, 6.5])
     assert len(sched._cache) == n
+
+
+# ---- reduction splitting (SPLIT_REDUCE): a long reduction into few outputs becomes partials + a reduction over them
+
+def _names(r: Tensor) -> list[str]:
+  return [it.ast.arg.name for it in create_schedule(r.uop)[0] if it.kind == "kernel"]
+
+
+@pytest.mark.parametrize("shape,fn,ref,names", [
+  ((64, 4, 8, 8), lambda x: x.sum((0, 2, 3)), lambda a: a.sum((0, 2, 3)), ["r_32_1_4_1", "r_4"]),  # BatchNorm's per-channel sum
+  ((8192,), lambda x: x.max(), lambda a: a.max(), ["r_32_1", "r_1"]),
+  ((8, 4096), lambda x: x.sum(1), lambda a: a.sum(1), ["r_32_8_1", "r_8"]),
+  # elementwise work fuses on both sides: into the partials (x*2) and into the final kernel (+1)
+  ((64, 4, 8, 8), lambda x: (x * 2).mean((0, 2, 3), keepdim=True) + 1, lambda a: (a * 2).mean((0, 2, 3), keepdims=True) + 1,
+   ["r_32_1_4_1", "r_1_4_1_1"]),
+])
+def test_long_reduction_into_a_small_output_is_split(shape, fn, ref, names):
+  from plugrad.helpers import Context
+  a = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+  x = Tensor(a, device=DEV)
+  assert _names(fn(x)) == names
+  np.testing.assert_allclose(fn(x).numpy(), ref(a), rtol=1e-4, atol=1e-4)
+  with Context(SPLIT_REDUCE=0):
+    assert kernels(fn(x)) == 1
+    np.testing.assert_allclose(fn(x).numpy(), ref(a), rtol=1e-4, atol=1e-4)
+
+
+def test_split_keeps_the_reduction_semantics_and_dtype():
+  rng = np.random.default_rng(4)
+  ints = rng.integers(-3, 4, 8192).astype(np.int32)
+  r = Tensor(ints, device=DEV).sum()
+  assert r.dtype == Tensor(ints, device=DEV).sum().dtype and kernels(r) == 2
+  assert int(r.numpy()) == int(ints.sum())
+  neg = -np.abs(rng.standard_normal(4096).astype(np.float32)) - 1  # every value below MAX's identity's neighbourhood of 0
+  assert float(Tensor(neg, device=DEV).max().numpy()) == float(neg.max())
+  prodv = (1 + rng.standard_normal(4096).astype(np.float32) * 1e-4)
+  from plugrad.uop.ops import Ops as O
+  m = Tensor(prodv, device=DEV)
+  pr = Tensor(m.uop.reduce_axis(O.MUL, (0,)))
+  assert kernels(pr) == 2
+  np.testing.assert_allclose(pr.numpy(), np.prod(prodv.astype(np.float64)), rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape,axes", [((4099,), (0,)), ((4099, 3), (0,)), ((4095, 2), (0, 1)), ((64, 64), (1,)), ((2048, 1024), (1,))])
+def test_short_long_indivisible_or_wide_reductions_are_not_split(shape, axes):
+  # 4099 is prime; 4095*2 reduces 8190 but no axis is divisible by 8; 64 per row is short; 2048 outputs are many
+  a = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+  r = Tensor(a, device=DEV).sum(axes)
+  assert kernels(r) == 1
+  np.testing.assert_allclose(r.numpy(), a.sum(axes), rtol=1e-4, atol=1e-3)

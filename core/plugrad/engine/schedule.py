@@ -4,8 +4,10 @@ Which nodes get their own buffer (are *realized*):
 * the requested nodes, CONTIGUOUS, COPY (and the source it copies), ASSIGN;
 * a REDUCE_AXIS whose result is broadcast (reached through an EXPAND) or feeds another reduction, or that more than
   one kernel would otherwise recompute.
-Everything else fuses into the kernel that consumes it: elementwise chains into their consumer, movement ops into
-index arithmetic (a view costs no copy), a reduction followed by elementwise ops into one kernel.
+A long reduction into a small output is first rewritten into partials and a reduction over them (_split_reductions,
+SPLIT_REDUCE), so its partials kernel has a parallel outer loop. Everything else fuses into the kernel that consumes
+it: elementwise chains into their consumer, movement ops into index arithmetic (a view costs no copy), a reduction
+followed by elementwise ops into one kernel.
 
 A kernel is built by pushing index expressions down from its output: each output axis is a RANGE, each movement op
 rewrites the indices (RESHAPE by flattening and splitting, PAD with a validity gate, ...), each REDUCE_AXIS opens
@@ -262,7 +264,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   if not SCHEDULE_CACHE: return _create_schedule(sink)
   topo = list(sink.toposort)
   leaves = [u for u in topo if u.op is Ops.BUFFER]
-  key = sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)})
+  key = (sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)}), bool(SPLIT_REDUCE))
   if (hit := _cache.get(key)) is None:
     items, becomes = _create_schedule(sink)
     _cache[key] = hit = _template(items, becomes, topo, leaves)
@@ -273,7 +275,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
 SCHEDULE_CACHE_SIZE = 512  # graph forms kept (oldest dropped first)
-_cache: OrderedDict[UOp, _Template] = OrderedDict()
+_cache: OrderedDict[tuple[UOp, bool], _Template] = OrderedDict()  # (graph form, SPLIT_REDUCE)
 
 
 def _stand_in(buf: UOp, i: int) -> UOp:
@@ -311,15 +313,82 @@ def _template(items: list[ScheduleItem], becomes: dict[UOp, UOp], topo: list[UOp
                                  it.in_place) for it in items], {pos[u]: sub(v) for u, v in becomes.items()}, new)
 
 
+SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 1)
+SPLIT_MIN_REDUCE = 4096   # elements reduced per output before a reduction is split (shorter ones are not worth a kernel)
+SPLIT_MAX_OUTPUTS = 1024  # outputs below which a long reduction is split (more outputs already give every thread rows)
+SPLIT_WAYS = (32, 16, 8)  # partial results per output, largest first (the first stage's parallel loop)
+
+
+def _split_plan(u: UOp) -> tuple[int, int] | None:
+  """(axis, ways) to split REDUCE_AXIS `u` at, or None. Decided from sizes only: at least SPLIT_MIN_REDUCE elements
+  reduced into fewer than SPLIT_MAX_OUTPUTS outputs, the split along the outermost reduced axis that one of SPLIT_WAYS
+  divides (its chunks are contiguous slabs of the source), by the largest such way count."""
+  src_shape, out_shape = u.src[0].shape, u.shape
+  if src_shape is None or out_shape is None or not all(isinstance(d, int) for d in src_shape): return None
+  _, axes = u.arg
+  reduced = prod(src_shape[a] for a in axes)
+  if reduced < SPLIT_MIN_REDUCE or prod(out_shape) >= SPLIT_MAX_OUTPUTS: return None
+  for a in axes:
+    if (ways := next((s for s in SPLIT_WAYS if src_shape[a] % s == 0 and src_shape[a] > s), None)) is not None: return a, ways
+  return None
+
+
+def _split_reduce(u: UOp, a: int, ways: int) -> UOp:
+  """REDUCE_AXIS `u` as two reductions: axis `a` (size d) of the source reshaped to (ways, d/ways) and the ways moved
+  outermost; the first reduces every original axis, leaving `ways` partials per output (shape (ways, *out)), and, being
+  nested in the second reduction, is realized by _find_realized (its outer loop of `ways` iterations is the parallel
+  one); the second reduces the partials. Both keep the reduction's op and dtype (the partials accumulate in it)."""
+  rop, axes = u.arg
+  src = u.src[0]
+  shape = src.shape
+  assert shape is not None and u.shape is not None
+  d = shape[a]
+  assert isinstance(d, int)
+  split = src.reshape((*shape[:a], ways, d // ways, *shape[a + 1:]))
+  moved = split.permute((a, *(i for i in range(len(shape) + 1) if i != a)))
+  # after the move every source axis b sits at b+1 (axis a's d/ways part included); runs of neighbouring reduced axes
+  # are merged into one, so the innermost reduce loop is as long as the contiguous run it reads (BatchNorm's 8x8
+  # pixels: one loop of 64 that the heuristics can vectorize, not two of 8)
+  mshape = moved.shape
+  assert mshape is not None
+  red = {b + 1 for b in axes}
+  groups: list[list[int]] = []
+  for i in range(len(mshape)):
+    if groups and i in red and groups[-1][-1] in red and groups[-1][-1] == i - 1: groups[-1].append(i)
+    else: groups.append([i])
+  merged = moved.reshape(tuple(prod(mshape[i] for i in g) for g in groups)) if len(groups) < len(mshape) else moved
+  partial = UOp(Ops.REDUCE_AXIS, u.dtype, (merged,), (rop, tuple(n for n, g in enumerate(groups) if g[0] in red)))
+  return UOp(Ops.REDUCE_AXIS, u.dtype, (partial,), (rop, (0,))).reshape(u.shape)
+
+
+def _split_reductions(sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """The sink with every long reduction into a small output split (see _split_plan), and each node's new form. The
+  rewrite is a function of the graph alone, so a cached schedule of the same form has the same kernels."""
+  new: dict[UOp, UOp] = {}
+  for u in sink.toposort:
+    src = tuple(new[s] for s in u.src)
+    nu = u if src == u.src else u.replace(src=src)
+    if nu.op is Ops.REDUCE_AXIS and (plan := _split_plan(nu)) is not None: nu = _split_reduce(nu, *plan)
+    new[u] = nu
+  return new[sink], new
+
+
 def _create_schedule(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   maybe_check("tensor", sink)
+  orig, renamed = sink, None
+  if SPLIT_REDUCE:
+    sink, renamed = _split_reductions(sink)
+    if sink is orig: renamed = None
   realize = _find_realized(sink)
   realized: dict[UOp, UOp] = {}
   items: list[ScheduleItem] = []
   for u in sink.toposort:
     if u in realize: _schedule_one(u, realized, items)
   items = _order(items)
-  becomes = {u: realized[u] for u in realize}
+  if renamed is None: becomes = {u: realized[u] for u in realize}
+  else:  # the caller knows the graph it gave: name the realized nodes by their original form
+    becomes = {old: realized[nu] for old, nu in renamed.items() if nu in realize}
+    sink = orig
   for t in sink.src:
     if t.op is Ops.CONTIGUOUS and _is_buffer_form(t.src[0]): becomes[t] = t.src[0]
   if DEBUG >= 3:

@@ -206,6 +206,20 @@ def _upcast_gated_axis(k: Scheduler) -> None:
     if 2 <= _const_size(r) <= GATED_UPCAST_MAX and r in gated and _try(k, Opt(OptOps.UPCAST, n, 0)): return
 
 
+def _lanes_gather(k: Scheduler, vec_axis: int, red_loads: list[UOp], w: int) -> bool:
+  """Would vector lanes along output axis `vec_axis` gather the streamed operand while it runs contiguously along the
+  innermost reduce axis? A load that moves with the reduction and is not contiguous along the lanes (BatchNorm's
+  statistics read x[n, c, h, w]: 64 floats apart along the channels) makes the register tile a gather, and it also
+  takes the channel loop, the only parallel one, down to one iteration; lanes along the reduction read it in vectors.
+  Only when the lanes would really go there (the axis a multiple of the vector width): a value read once per output
+  (BatchNorm's mean) is contiguous along the channels, but is no operand worth a tile."""
+  r, raxes = k.output_axes[vec_axis], k.reduce_axes
+  if not raxes or not (sz := _const_size(r)) or sz % w: return False
+  rs = set(raxes)
+  streamed = [ix for ix in red_loads if any(u in rs for u in ix.toposort)]
+  return any(r in ix.toposort and _contiguous(ix, r) is None for ix in streamed) and any(_contiguous(ix, raxes[-1]) is not None for ix in streamed)
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   rd = k.renderer
   if rd.has_local: return k
@@ -223,7 +237,7 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   if not _vector_lanes_fit(k, vec_axis, w) and (trial := _channel_tile(k)) is not None:
     # the store-contiguous axis cannot carry plain vector loads (a convolution): the lanes go along the output channels
     k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
-  elif vec_axis is not None and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads):
+  elif vec_axis is not None and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads) and not _lanes_gather(k, vec_axis, red_loads, w):
     # matmul-like: a register tile of 2 vectors along the vector axis x 8 (4) along another axis the reduction reads
     _register_tile(k, vec_axis, deps)
     _pack_panel(k, vec_axis)
@@ -237,7 +251,9 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
     red_loads = [u.src[0].src[1] for red in k.reduces for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
     if any(_contiguous(ix, raxes[-1]) is not None for ix in red_loads):
       # a reduction along contiguous memory: vector accumulators over the reduce axis
-      for amt in (4 * w, 2 * w, w):
+      # a contiguous run shorter than a vector (BatchNorm's 4x4 or 8x8 pixels) is unrolled whole: its loads still share lines
+      last = _const_size(raxes[-1])
+      for amt in (4 * w, 2 * w, w, *((0,) if 1 < last < w else ())):
         if _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, amt)): break
     else: _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, 4))
   return k
