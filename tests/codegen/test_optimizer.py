@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from plugrad.codegen import get_program
-from plugrad.codegen.opt import KernelOptError, Opt, OptOps, Scheduler
+from plugrad.codegen.opt import KernelOptError, Opt, OptOps, Scheduler, hand_coded_optimizations
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
@@ -485,3 +485,28 @@ def test_heuristics_do_not_gather_channels_for_a_broadcast_operand():
   for slot in prg.outs: np.testing.assert_allclose(got[slot], want[slot], rtol=2e-5, atol=2e-5, err_msg=f"{applied}")
   past, pvals = _batchnorm_var_kernel("PYTHON")
   if applied: check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def _linear_relu_kernel(dev: str) -> tuple[UOp, dict[str, int]]:
+  """A hidden Linear layer's matmul as a training step schedules it: the previous layer's pre-activation h and bias b
+  fused into A = relu(h + b), times the weight transposed (A.B^T)."""
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev)
+  h, b, w = T(64, 96), T(96), T(128, 96)
+  return _ast((h + b).relu() @ w.T)
+
+
+def test_heuristics_pack_the_whole_fused_operand():
+  ast, var_vals = _linear_relu_kernel("CPU")
+  renderer = Device["CPU"].renderer
+  k = hand_coded_optimizations(Scheduler(ast, renderer))
+  copied = [pk.src[0].src[1] for pk in k._packs()]
+  # A's copy computes relu(h + b) once per element; the bias alone (a part of A, contiguous along the unrolled reduction)
+  # is no operand of its own: packing just it left the add and the max recomputed once per tile column (2x slower)
+  assert len(copied) == 2, k.applied
+  assert any({Ops.ADD, Ops.MAX} <= {u.op for u in v.toposort} or {Ops.ADD, Ops.WHERE} <= {u.op for u in v.toposort} for v in copied), k.applied
+  applied = list(k.applied)
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(get_program(ast, renderer, opts=applied), var_vals)
+  np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
+  past, pvals = _linear_relu_kernel("PYTHON")
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)

@@ -81,11 +81,18 @@ def _pack_panel(k: Scheduler, vec_axis: int) -> None:
   # the other operand (a matmul's A) is re-read once per tile column: packed too when that saves work, i.e. when it
   # walks memory with a stride along the reduction (A^T) or carries fused elementwise work, and it fits
   vr = k.output_axes[vec_axis + (1 if t < size else 0)]
-  for n, v in enumerate(k.packable_values()):
+  vals = k.packable_values()
+  for n, v in enumerate(vals):
     dv = {u for u in v.toposort if u.op is Ops.RANGE}
     if vr in dv or not dv & red_rngs: continue
+    # a part of a larger operand (the bias inside relu(x + b)) is no operand of its own: packing it would leave the
+    # elementwise work of the larger one recomputed per tile column
+    if any(m != n and v in w.toposort for m, w in enumerate(vals)): continue
     vidx = [u.src[0].src[1] for u in v.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
-    strided = any((st := _stride(ix, r)) is None or abs(st) > 1 for ix in vidx for r in k.reduce_axes if r in dv)
+    # strided: along the innermost reduction range it depends on (the UNROLL copies when unrolled: the reduce loop outside
+    # them steps by the unroll amount even over contiguous memory)
+    inner = [r for r in (*k.ranges_of(AxisType.UNROLL), *k.reduce_axes) if r in dv][:1]
+    strided = any((st := _stride(ix, r)) is None or abs(st) > 1 for ix in vidx for r in inner)
     fused = any(u.op not in (Ops.LOAD, Ops.INDEX, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) and u.dtype is not dtypes.index for u in v.toposort)
     if (strided or fused) and _try(k, Opt(OptOps.PACK, n)): break
 
