@@ -510,3 +510,57 @@ def test_heuristics_pack_the_whole_fused_operand():
   np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
   past, pvals = _linear_relu_kernel("PYTHON")
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def _conv_input_grad_fused_kernel(dev: str) -> tuple[UOp, dict[str, int]]:
+  """A convolution's input gradient whose output gradient carries fused elementwise work with a sqrt and a division
+  per element (like BatchNorm's backward): the kernel reduces over the output channels, once per window position."""
+  def T(*shape: int, grad: bool = False) -> Tensor:
+    return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev, requires_grad=grad)
+  x, w, g, v = T(2, 16, 6, 6, grad=True), T(16, 16, 3, 3), T(2, 16, 6, 6), T(1, 16, 1, 1)
+  y = x.conv2d(w, padding=1)
+  (y.relu() * g / (v * v + 1).sqrt()).sum().backward()
+  assert x.grad is not None
+  items, _ = create_schedule(x.grad.uop)
+  for it in items:  # the unfolded windows: (batch, channels, height, width) x (3, 3) window positions
+    if it.kind == "kernel" and len(Scheduler(it.ast, Device[dev].renderer).output_axes) == 6: return it.ast, it.var_vals
+  raise AssertionError("no input gradient kernel reducing a product")
+
+
+def test_heuristics_pack_the_fused_operand_of_a_channel_tile():
+  ast, var_vals = _conv_input_grad_fused_kernel("CPU")
+  renderer = Device["CPU"].renderer
+  k = hand_coded_optimizations(Scheduler(ast, renderer))
+  copied = [pk.src[0].src[1] for pk in k._packs()]
+  if renderer.vector_width > 1:
+    # the weights' panel and the output gradient's fused work (its sqrt computed once per element, not once per window
+    # position)
+    assert len(copied) == 2 and any(Ops.SQRT in {u.op for u in v.toposort} for v in copied), k.applied
+  applied = list(k.applied)
+  want = run(get_program(ast, renderer, opts=[]), var_vals)
+  got = run(get_program(ast, renderer, opts=applied), var_vals)
+  np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5, err_msg=f"{applied}")
+  past, pvals = _conv_input_grad_fused_kernel("PYTHON")
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def test_max_of_nan_and_signed_zeros_on_cpu():
+  # the CPU's max helper is branch-free (two selects); numpy's semantics hold: nan wins from either side, equal values
+  # give the second operand
+  a = np.array([np.nan, 1.0, -0.0, 2.0, np.nan, 0.0], dtype=np.float32)
+  b = np.array([1.0, np.nan, 0.0, -3.0, np.nan, -0.0], dtype=np.float32)
+  got = Tensor(a, device="CPU").maximum(Tensor(b, device="CPU")).numpy()
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(np.maximum(a, b)))
+  np.testing.assert_array_equal(got[~np.isnan(got)], np.maximum(a, b)[~np.isnan(got)])
+
+
+@pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
+def test_heuristics_pad_an_odd_vector_count_to_the_full_tile(dev):
+  # a weight gradient A^T.B whose vector axis is an odd number of vectors (784 = 49 x 16 on AVX-512): PADTO two vectors
+  # keeps the two-vector register tile; the padded columns are never stored
+  w = max(1, Device["CPU"].renderer.vector_width)
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev)
+  ast, var_vals = _ast(T(32, 64).T @ T(32, 49 * w))
+  applied = list(get_program(ast, Device["CPU"].renderer).applied_opts)
+  if w > 1: assert applied[:2] == [Opt(OptOps.PADTO, 1, 2 * w), Opt(OptOps.UPCAST, 1, 2 * w)], applied
+  check_same(ast, Device[dev].renderer, applied, var_vals)
