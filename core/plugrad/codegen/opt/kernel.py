@@ -174,13 +174,12 @@ class Scheduler:
       amt = self._amount(r, opt)
       self._not_packed(r, opt)
       if op is OptOps.UPCAST:
-        if self.upcast_size() * amt > MAX_UPCAST: raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
-        self._split(r, amt, AxisType.UPCAST)
+        self._split(opt, r, amt, AxisType.UPCAST)
       elif op is OptOps.LOCAL:
         if not rd.has_local or self.dont_use_locals: raise KernelOptError(f"{opt}: {rd.device} has no workgroups (or NOLOCALS was applied)")
         limit = min(rd.local_max[0] if rd.local_max else 1024, 1024)
         if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
-        self._split(r, amt, AxisType.LOCAL)
+        self._split(opt, r, amt, AxisType.LOCAL)
       else:
         if rd.has_local: raise KernelOptError(f"{opt}: THREAD splits work across host threads; {rd.device} has workgroups (use LOCAL)")
         if self.ranges_of(AxisType.THREAD): raise KernelOptError(f"{opt}: the kernel already has a THREAD axis")
@@ -194,8 +193,7 @@ class Scheduler:
       amt = self._amount(r, opt)
       self._not_packed(r, opt)
       if op is OptOps.UNROLL:
-        if self.upcast_size() * amt > MAX_UPCAST: raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
-        self._split(r, amt, AxisType.UNROLL)
+        self._split(opt, r, amt, AxisType.UNROLL)
         return
       if not (rd.has_local and rd.has_shared) or self.dont_use_locals:
         raise KernelOptError(f"{opt}: {rd.device} has no workgroup memory to combine partial reductions in (or NOLOCALS was applied)")
@@ -208,7 +206,7 @@ class Scheduler:
       if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
       if self.local_size() * amt * reds[0].dtype.itemsize > rd.shared_max:
         raise KernelOptError(f"{opt}: needs more than {rd.shared_max} bytes of shared memory")
-      self._split(r, amt, AxisType.GROUP_REDUCE, top=op is OptOps.GROUPTOP)
+      self._split(opt, r, amt, AxisType.GROUP_REDUCE, top=op is OptOps.GROUPTOP)
       return
     raise KernelOptError(f"unknown action {opt}")
 
@@ -294,7 +292,9 @@ class Scheduler:
     self._next_id += 1
     return r
 
-  def _split(self, r: UOp, amt: int, t: AxisType, top: bool = False) -> None:
+  def _split(self, opt: Opt, r: UOp, amt: int, t: AxisType, top: bool = False) -> None:
+    if t in (AxisType.UPCAST, AxisType.UNROLL) and self.upcast_size() * amt > MAX_UPCAST:
+      raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
     size = _size(r)
     assert size is not None
     outer = self.new_range(size // amt, r.arg[1])
