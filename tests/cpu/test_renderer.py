@@ -28,7 +28,8 @@ def test_loops_registers_and_the_parallel_split(cpu):
 def test_gated_load_and_if(cpu):
   src = render(cpu, "gated")
   assert "if ((0.0f<val" in src
-  assert "<37)?data2[alu" in src and ":(-1.0f))" in src  # gate ? ptr[idx] : alt
+  # gate ? ptr[idx] : alt, the index i+3 as (ptr+i)[3] (offset addressing: one base register per row of addresses)
+  assert "<37)?(data2+ridx0)[3]:(-1.0f))" in src
 
 
 def test_vectors_use_gnu_vector_types(cpu):
@@ -36,7 +37,7 @@ def test_vectors_use_gnu_vector_types(cpu):
   assert "typedef float float4 __attribute__((vector_size(16), aligned(4)));" in src
   assert "float4 vconst" in src and "((float4){1.0f,2.0f,3.0f,4.0f})" in src
   assert "= (vec" in src and "*vconst" in src  # the multiply is one vector op
-  assert "data0[alu20] = alu24[0];" in src      # GEP of a lane
+  assert "(data0+alu6)[3] = alu24[0];" in src      # GEP of a lane
 
 
 def test_launch_indices_become_loops(cpu):

@@ -42,6 +42,28 @@ def test_matmul_bias_relu_is_one_kernel():
   np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy() + b.numpy(), 0), rtol=1e-5, atol=1e-6)
 
 
+def test_the_epilogue_ends_in_the_reduction_kernel():
+  # relu(x@w1+b1) feeds another matmul, which reads each value many times: the bias and ReLU are applied once, in
+  # the first matmul's kernel, and the second reads a plain buffer (it loads neither the bias nor the bare product)
+  x, w1, b1, w2 = t(4, 8), t(8, 6, seed=1), t(6, seed=2), t(6, 3, seed=3)
+  out = (x @ w1 + b1).relu() @ w2
+  items = [it for it in out.schedule() if it.kind == "kernel"]
+  assert len(items) == 2
+  first, second = (sum(1 for u in it.ast.toposort if u.op is Ops.DEFINE_GLOBAL) for it in items)
+  assert (first, second) == (4, 3)  # (out, x, w1, b1) and (out, h, w2)
+  assert any(u.op in (Ops.MAX, Ops.WHERE) for u in items[0].ast.toposort)  # the ReLU
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w1.numpy() + b1.numpy(), 0) @ w2.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_an_epilogue_used_elsewhere_leaves_the_reduction_alone():
+  # the product is also read outside the ReLU: realizing the ReLU too would add a kernel, so only the product is
+  x, w1, w2 = t(4, 8), t(8, 6, seed=1), t(6, 3, seed=3)
+  a = x @ w1
+  out = a.relu() @ w2 + a.sum()
+  assert kernels(out) == kernels(x @ w1 @ w2 + (x @ w1).sum())
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w1.numpy(), 0) @ w2.numpy() + (x.numpy() @ w1.numpy()).sum(), rtol=1e-4, atol=1e-4)
+
+
 def test_softmax_realizes_the_broadcast_reductions():
   x = t(3, 10)
   assert kernels(x.softmax(-1)) == 3  # max, sum of exp, the normalization

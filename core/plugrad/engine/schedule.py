@@ -3,7 +3,9 @@
 Which nodes get their own buffer (are *realized*):
 * the requested nodes, CONTIGUOUS, COPY (and the source it copies), ASSIGN;
 * a REDUCE_AXIS whose result is broadcast (reached through an EXPAND) or feeds another reduction, or that more than
-  one kernel would otherwise recompute.
+  one kernel would otherwise recompute. When what is broadcast is the reduction followed by elementwise ops that
+  nothing else uses (a matmul's bias and ReLU before the next matmul), that result is realized instead: the epilogue
+  runs once, in the reduction's kernel, not once per broadcast read.
 A long reduction into a small output is first rewritten into partials and a reduction over them (_split_reductions,
 SPLIT_REDUCE), so its partials kernel has a parallel outer loop. Everything else fuses into the kernel that consumes
 it: elementwise chains into their consumer, movement ops into index arithmetic (a view costs no copy), a reduction
@@ -95,6 +97,21 @@ def _value_node(root: UOp) -> UOp | None:
   return root
 
 
+_EPILOGUE = GroupOp.ALU | {Ops.CAST}
+
+
+def _epilogue_owns(top: UOp, red: UOp, children: dict[UOp, list[UOp]]) -> bool:
+  """Whether every value between reduction `red` and `top` (red included) is used only inside `top`'s expression,
+  so realizing `top` instead of `red` makes no other kernel recompute the reduction (or realize it as well)."""
+  reach: dict[UOp, bool] = {}
+  def on_path(u: UOp) -> bool:
+    if (r := reach.get(u)) is None: r = reach[u] = u is red or (not _is_buffer_form(u) and any(on_path(s) for s in u.src))
+    return r
+  on_path(top)
+  inside = {u for u, r in reach.items() if r}
+  return all(c in inside for u in inside if u is not top for c in children.get(u, ()))
+
+
 def _find_realized(sink: UOp) -> dict[UOp, None]:
   topo = sink.toposort
   realize: dict[UOp, None] = {}
@@ -106,25 +123,33 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
     if u.op is Ops.CONTIGUOUS and not _is_buffer_form(u.src[0]): realize[u] = None
     if u.op is Ops.ASSIGN and not _is_buffer_form(u.src[0]):
       raise ScheduleError(f"ASSIGN target must be a realized buffer (realize it first), got a {u.src[0].op.name} of shape {u.src[0].shape}")
+  children: dict[UOp, list[UOp]] = {}
+  for u in topo:
+    for s in u.src: children.setdefault(s, []).append(u)
   while True:  # grow the set until no kernel would recompute or broadcast a reduction
     users: dict[UOp, set[UOp]] = {}
     grow: list[UOp] = []
     for root in realize:
       if (v := _value_node(root)) is None: continue
-      seen: set[tuple[UOp, bool]] = set()
-      stack = [(v, False)]
+      # `top`: under a broadcast, the highest node whose value is the reduction below it passed through elementwise
+      # ops and reshapes only. Realizing it (not the bare reduction) ends the epilogue (bias, ReLU) in the reduction's
+      # kernel, so the broadcasting consumer (the next matmul) reads a plain buffer instead of recomputing it per use
+      seen: set[tuple[UOp, bool, UOp | None]] = set()
+      stack: list[tuple[UOp, bool, UOp | None]] = [(v, False, None)]
       while stack:
-        u, spread = stack.pop()
-        if (u, spread) in seen or _is_buffer_form(u) or (u in realize and u is not root and u is not v): continue
-        seen.add((u, spread))
+        u, spread, top = stack.pop()
+        if (u, spread, top) in seen or _is_buffer_form(u) or (u in realize and u is not root and u is not v): continue
+        seen.add((u, spread, top))
         if u.op is Ops.REDUCE_AXIS:
           if spread:
-            grow.append(u)
+            grow.append(top if top is not None and _epilogue_owns(top, u, children) else u)
             continue
           users.setdefault(u, set()).add(root)
-          stack.append((u.src[0], True))
+          stack.append((u.src[0], True, None))
           continue
-        for s in u.src: stack.append((s, spread or u.op is Ops.EXPAND))
+        if not spread or u is v or (u.op not in _EPILOGUE and u.op is not Ops.RESHAPE): top = None
+        elif top is None and u.op in _EPILOGUE: top = u
+        for s in u.src: stack.append((s, spread or u.op is Ops.EXPAND, top))
     grow += [r for r, roots in users.items() if len(roots) > 1]
     if not (new := [g for g in grow if g not in realize]): return realize
     for g in new: realize[g] = None

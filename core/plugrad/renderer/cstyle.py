@@ -84,6 +84,10 @@ class CStyleRenderer(Renderer):
   kernel_prefix = ""                    # before `void name(...)`, e.g. 'extern "C" __global__ '
   helper_prefix = "static inline "      # before every helper function
   barrier: str | None = None            # the workgroup barrier statement; None: BARRIER is an error
+  # `(p+i)[c]` for an index `i+c`: the addresses of one row (i shared, c constant) share a base register. With 32-bit
+  # wrapping ints (-fwrapv) a C compiler may not fold `c` into the address after sign extension, and keeps a pointer
+  # per address instead (a 8x32 matmul tile spilled 32 of them, one extra load per FMA pair)
+  offset_addressing = False
   type_map: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
                                 dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
                                 dtypes.uint64: "unsigned long long", dtypes.float16: "half", dtypes.bfloat16: "__bf16", dtypes.float32: "float",
@@ -489,6 +493,9 @@ class CStyleRenderer(Renderer):
           lanes.append(Lane(lane.base if _size(u.src[0].dtype) == 1 else f"{lane.base}_{idx.arg}", None, g, var=True))
           continue
         g = g if lane.gate is None else lane.gate if g is None else f"({lane.gate}&&{g})"
+        if self.offset_addressing and idx.dtype.count == 1 and per == 1 and lane.idx is None and idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
+          lanes.append(Lane(f"({lane.base}+{self.r[idx.src[0]]})", self.r[idx.src[1]], g))
+          continue
         lanes.append(Lane(lane.base, ix if lane.idx is None else f"({lane.idx}+{ix})", g))
       self.ptrs[u] = Ptr(tuple(lanes), src.elem)
     elif u.op is Ops.CAST: self.ptrs[u] = src

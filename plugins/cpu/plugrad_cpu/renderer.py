@@ -58,7 +58,7 @@ class CPURenderer(CStyleRenderer):
   """C for the host's compiler. `native_float16` / `native_bfloat16`: whether the compiler has `_Float16` / `__bf16`
   (from the toolchain probe); `vector_width`: the float lanes of one vector instruction (8 with AVX2, else 4)."""
   has_local = has_shared = False
-  supports_float4 = True
+  supports_float4 = offset_addressing = True
   capabilities = frozenset({"float16", "bfloat16", "float64", "int64"})
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "_Bool", dtypes.float16: "_Float16"}
 
