@@ -282,6 +282,33 @@ def test_tensor_cores_emulated(target):
     np.testing.assert_allclose(got, A.astype(np.float64) @ B.astype(np.float64), rtol=2e-2, atol=2e-2, err_msg=f"{target} {tc.name}")
 
 
+def test_workgroup_heuristics_shape_gpu_kernels():
+  # on a device with workgroups (the PYTHON device describes one): a matmul gets a 4x4 register tile per thread and a
+  # workgroup over its output axes; a long reduction into one output is split across a workgroup (GROUPTOP)
+  renderer = Device["PYTHON"].renderer
+  ks = kernels("PYTHON")
+  mm = get_program(ks["matmul"][0], renderer)
+  ops = [o.op for o in mm.applied_opts]
+  assert ops.count(OptOps.UPCAST) == 2 and OptOps.UNROLL in ops and OptOps.LOCAL in ops, mm.applied_opts
+  assert any(u.op is Ops.SPECIAL and u.arg.startswith("lidx") for u in mm.uops)
+  total = get_program(ks["sum"][0], renderer)
+  assert total.applied_opts[0].op is OptOps.GROUPTOP and total.estimates.local_bytes > 0, total.applied_opts
+  for name in ("matmul", "sum"):
+    ast, var_vals = ks[name]
+    want, got = run(get_program(ast, renderer, opts=[]), var_vals), run(get_program(ast, renderer), var_vals)
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("target", ["CUDA", "METAL", "AMD"])
+def test_workgroup_heuristics_use_tensor_cores(target):
+  renderer = PythonRenderer("PYTHON", emulate=target)
+  tc = renderer.tensor_cores[0]
+  prg = get_program(tc_matmul_ast(2 * tc.m, 2 * tc.n, 2 * tc.k, tc.dtype_in, tc.dtype_out), renderer)
+  assert prg.applied_opts[0].op is OptOps.TC and any(u.op is Ops.WMMA for u in prg.uops)
+  # the estimate counts the instruction's multiply-adds once, not once per thread of the warp
+  assert prg.estimates.ops >= 2 * (2 * tc.m) * (2 * tc.n) * (2 * tc.k) and prg.estimates.ops < 4 * (2 * tc.m) * (2 * tc.n) * (2 * tc.k)
+
+
 def test_tc_refuses_what_it_cannot_do():
   renderer = PythonRenderer("PYTHON", emulate="CUDA")
   with pytest.raises(KernelOptError, match="not a multiple"):

@@ -231,8 +231,9 @@ def test_estimates_vectors_mulacc_wmma():
   io = UOp(Ops.CAST, v4.ptr(1), (out.index(c0),))
   uops = (out, a, c0, a.index(c0), ia, ld, mac, w, out.index(c0), io, io.store(w))
   est = Estimates.from_uops(uops)
-  # MULACC: 2 per lane × 4; WMMA 2*8*16*16; a float4 load and a float4 store of 16 bytes; buffers of 8 and 4 floats
-  assert est == Estimates(ops=8 + 4096, lds=32, mem=48, local_bytes=0)
+  # MULACC: 2 per lane × 4; WMMA 2*K per element of its 4-wide result in this thread (the warp's 32 threads share
+  # the 2*8*16*16); a float4 load and a float4 store of 16 bytes; buffers of 8 and 4 floats
+  assert est == Estimates(ops=8 + 2 * 16 * 4, lds=32, mem=48, local_bytes=0)
   assert make_program(io.store(w).sink(), "CUDA").with_linear(uops).estimates == est
 
 

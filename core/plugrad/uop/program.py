@@ -103,7 +103,8 @@ class Estimates:
     the number of threads, the product of the sizes of all SPECIALs. IF blocks are counted as taken (an upper bound).
     * `ops`: ALU uops on the data path, i.e. those whose values flow into a STORE's value (address, gate and
       loop-bound arithmetic is not counted). Each counts its vector width; MULACC counts 2 per lane; a WMMA whose
-      arg holds a tuple of three positive ints (N, M, K) counts 2*N*M*K (one without dims counts nothing).
+      arg holds a tuple of three positive ints (N, M, K) counts 2*K per element of its result in each thread (the
+      threads of the instruction share its N*M*K multiply-adds; one without dims counts nothing).
     * `lds`: bytes moved to and from GLOBAL memory: each LOAD and STORE through a DEFINE_GLOBAL counts the itemsize of
       its value dtype (vector width included).
     * `mem`: bytes of the distinct DEFINE_GLOBAL buffers loaded or stored: pointer size × itemsize, or that buffer's
@@ -130,7 +131,7 @@ class Estimates:
         if len(trips) == 1: raise ProgramError("Estimates.from_uops: an ENDRANGE without an open RANGE (uops not in execution order?)")
         trips.pop()
       elif u.op in GroupOp.ALU and u in data: ops = _sadd(ops, _smul(u.dtype.count * (2 if u.op is Ops.MULACC else 1), trips[-1]))
-      elif u.op is Ops.WMMA and u in data and (d := _wmma_dims(u.arg)) is not None: ops = _sadd(ops, _smul(2 * d[0] * d[1] * d[2], trips[-1]))
+      elif u.op is Ops.WMMA and u in data and (d := _wmma_dims(u.arg)) is not None: ops = _sadd(ops, _smul(2 * d[2] * u.dtype.count, trips[-1]))
       elif u.op in (Ops.LOAD, Ops.STORE) and (buf := _buffer_of(u.src[0])) is not None and buf.op is Ops.DEFINE_GLOBAL:
         nbytes = (u.dtype if u.op is Ops.LOAD else u.src[1].dtype).itemsize
         traffic[buf] = _sadd(traffic.get(buf, 0), _smul(nbytes, trips[-1]))

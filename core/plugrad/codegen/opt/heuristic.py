@@ -11,7 +11,9 @@ On a device without workgroups (the CPU), where the C compiler turns vector lane
   56 is not a multiple of 16), the *channel tile* puts the lanes along an output axis that only one operand reads (the
   output channels: the weights), PACKs that operand into a panel and makes the other axes' pixels the tile's rows;
 * the outermost output loop is split across host threads by the runtime.
-On devices with workgroups the default is one output element per thread (the flat split of add_gpudims).
+On devices with workgroups (GPUs; the PYTHON device describes one) see `_workgroup_heuristics`: tensor cores for a
+matmul that fits one, a workgroup per output for a long reduction into few outputs (GROUPTOP), a small register tile
+per thread, then LOCAL sizes over the output axes (a kernel left without them gets the flat split of add_gpudims).
 """
 from __future__ import annotations
 
@@ -261,9 +263,45 @@ def _lanes_gather(k: Scheduler, vec_axis: int, red_loads: list[UOp], w: int) -> 
   return any(r in ix.toposort and _contiguous(ix, r) is None for ix in streamed) and any(_contiguous(ix, raxes[-1]) is not None for ix in streamed)
 
 
+WORKGROUP_THREADS = 256  # threads per workgroup the default aims for (8 warps of 32, 4 waves of 64)
+GROUP_OUTPUTS_MAX = 4096  # a reduction into at most this many outputs leaves too few threads without GROUP...
+GROUP_REDUCE_MIN = 256    # ...when it is at least this long
+
+
+def _workgroup_heuristics(k: Scheduler) -> Scheduler:
+  """The default on a device with workgroups. A tensor core when the kernel is a matmul one of the renderer's WMMA
+  shapes and dtypes divides (its lane range must stay the last LOCAL range, so nothing else is added). Otherwise: a
+  long reduction into few outputs (a full sum, softmax's row statistics) gets GROUPTOP, its threads each reducing a
+  strided share and combining the partials in shared memory; each thread computes a small register tile (4 lanes
+  along the stores' contiguous axis, 4 rows of a matmul's other axis, the reduction unrolled by 4); the remaining
+  output axes give the workgroup its shape, innermost first (consecutive threads store neighbouring elements)."""
+  rd = k.renderer
+  if rd.tensor_cores and not k.dont_use_locals and _try(k, Opt(OptOps.TC, 0)): return k
+  outs, reds = k.output_axes, k.reduces
+  sizes = [_const_size(r) for r in outs]
+  grouped = False
+  if len(reds) == 1 and rd.has_shared and all(sizes) and prod(sizes) <= GROUP_OUTPUTS_MAX and (raxes := k.reduce_axes):
+    last = _const_size(raxes[-1])
+    if last >= GROUP_REDUCE_MIN:
+      grouped = (amt := _divisor(last, WORKGROUP_THREADS)) >= 16 and _try(k, Opt(OptOps.GROUPTOP, len(raxes) - 1, amt))
+  stores = [u.src[0].src[1] for u in k.ast.toposort if u.op is Ops.STORE]
+  vec_axis = next((n for n in reversed(range(len(outs))) if _const_size(outs[n]) and _along(stores, outs[n])), None)
+  if vec_axis is not None and not grouped:
+    deps = {x for red in reds for x in red.src[0].toposort if x.op is Ops.RANGE}
+    other = _other_axis(k, vec_axis, deps) if reds and outs[vec_axis] in deps else None  # a matmul's M (axis numbers stay put)
+    if rd.supports_float4: _try(k, Opt(OptOps.UPCAST, vec_axis, 4))
+    if other is not None: _try(k, Opt(OptOps.UPCAST, other, 4))
+  if reds and not grouped and k.reduce_axes: _try(k, Opt(OptOps.UNROLL, len(k.reduce_axes) - 1, 4))
+  limit = min(WORKGROUP_THREADS, rd.local_max[0] if rd.local_max else WORKGROUP_THREADS)
+  for n in reversed(range(len(k.output_axes))):
+    if (left := limit // max(1, k.local_size())) < 2: break
+    if (sz := _const_size(k.output_axes[n])) and (d := _divisor(sz, min(left, 32))) > 1: _try(k, Opt(OptOps.LOCAL, n, d))
+  return k
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   rd = k.renderer
-  if rd.has_local: return k
+  if rd.has_local: return _workgroup_heuristics(k)
   w = max(1, rd.vector_width)
   outs, reds = k.output_axes, k.reduces
   stores = [u.src[0].src[1] for u in k.ast.toposort if u.op is Ops.STORE]
