@@ -9,20 +9,28 @@ import pytest
 
 from plugrad.device.registry import Device
 
-CASES = [("PYTHON", None), ("NULL", None), ("PYTHON", "CUDA"), ("PYTHON", "METAL"), ("PYTHON", "AMD"), ("CPU", None), ("WEBGPU", None)]
+# (device, EMULATE target, extra environment, test id): the CPU device both ways, C by the system compiler (CPU_LLVM=0)
+# and LLVM IR compiled in-process (CPU_LLVM=1, the default where llvmlite is installed)
+CASES = [("PYTHON", None, {}, "PYTHON"), ("NULL", None, {}, "NULL"), ("PYTHON", "CUDA", {}, "PYTHON-EMULATE=CUDA"),
+         ("PYTHON", "METAL", {}, "PYTHON-EMULATE=METAL"), ("PYTHON", "AMD", {}, "PYTHON-EMULATE=AMD"), ("CPU", None, {"CPU_LLVM": "0"}, "CPU-C"),
+         ("CPU", None, {"CPU_LLVM": "1"}, "CPU-LLVM"), ("WEBGPU", None, {}, "WEBGPU")]
 # devices whose plugin needs a package that a development install may lack (.ci/run installs them all, so CI runs every case)
 NEEDS = {"WEBGPU": ("plugrad_webgpu", "wgpu")}
+ENV_NEEDS = {("CPU_LLVM", "1"): "llvmlite"}  # the package an extra environment setting needs
 
 
-@pytest.mark.parametrize("device, emulate", CASES, ids=[d + (f"-EMULATE={e}" if e else "") for d, e in CASES])
-def test_conformance_suite(device, emulate, tmp_path):
+@pytest.mark.parametrize("device, emulate, extra", [c[:3] for c in CASES], ids=[c[3] for c in CASES])
+def test_conformance_suite(device, emulate, extra, tmp_path):
   for module in NEEDS.get(device, ()):
     if importlib.util.find_spec(module) is None: pytest.skip(f"{device} needs the {module} package (.ci/run installs it)")
+  for (var, value), module in ENV_NEEDS.items():
+    if extra.get(var) == value and importlib.util.find_spec(module) is None:
+      pytest.skip(f"{var}={value} needs the {module} package (.ci/run installs it)")
   probe = Device.spec(device).probe if device in NEEDS else None
   if probe is not None and (why := probe()) is not None:
     pytest.skip(f"{device} is not available here: {why} (.ci/run installs Mesa's drivers and checks every device first)")
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATE"))}
-  env.update(SPEC="1", PLUGRAD_STRICT_PLUGINS="1", PLUGRAD_CACHE_DIR=str(tmp_path))
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATE", "CPU_LLVM"))}
+  env.update(SPEC="1", PLUGRAD_STRICT_PLUGINS="1", PLUGRAD_CACHE_DIR=str(tmp_path), **extra)
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--pyargs", "plugrad.testing",
          f"--plugrad-device={device}", "-o", "addopts="]
   if emulate:  # the emulated targets differ in kernel-level features (tensor cores, limits); tensor tests run once above
@@ -30,5 +38,6 @@ def test_conformance_suite(device, emulate, tmp_path):
     cmd += ["-k", "test_kernel"]
   res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
   summary = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
-  assert res.returncode == 0, f"conformance suite failed on {device} (EMULATE={emulate}): {summary}\n{res.stdout[-6000:]}\n{res.stderr[-2000:]}"
+  assert res.returncode == 0, \
+    f"conformance suite failed on {device} (EMULATE={emulate}, {extra}): {summary}\n{res.stdout[-6000:]}\n{res.stderr[-2000:]}"
   assert " passed" in summary, summary

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from plugrad.device.buffer import Buffer
 from plugrad.device.runner import ProgramRunner
@@ -10,6 +11,19 @@ from plugrad.renderer.base import Renderer
 from plugrad.testing.kernels import LinearBuilder
 from plugrad.uop.ops import KernelInfo, Ops, UOp
 from plugrad.uop.program import ProgramUOp, make_program
+
+
+def cpu_compiles_through_llvm() -> bool:
+  try:
+    from plugrad_cpu.plugin import llvm_mode
+    return llvm_mode()
+  except (ImportError, ValueError): return False
+
+
+# tests of the C renderer's text or the C compiler itself: skipped where the device compiles through LLVM (the default
+# with llvmlite installed); tests/cpu/test_c_path.py reruns tests/cpu with CPU_LLVM=0, and test_llvm.py covers LLVM
+C_ONLY = pytest.mark.skipif(cpu_compiles_through_llvm(),
+                            reason="checks the C renderer/compiler; the CPU device compiles through LLVM here (test_c_path.py runs it)")
 
 
 def program(name: str, uops: list[UOp], device: str = "CPU") -> ProgramUOp:

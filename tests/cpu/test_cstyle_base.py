@@ -8,6 +8,9 @@ from plugrad.renderer.base import RendererError
 from plugrad.renderer.cstyle import CStyleRenderer
 from plugrad.testing.harness import run_and_compare
 from plugrad.testing.kernels import suite
+from tests.cpu.helpers import C_ONLY
+
+pytestmark = C_ONLY
 
 
 class PlainC(CStyleRenderer):

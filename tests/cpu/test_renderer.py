@@ -7,7 +7,7 @@ from plugrad.renderer.base import RendererError
 from plugrad.renderer.cstyle import c_identifier
 from plugrad.testing.kernels import LinearBuilder, suite
 from plugrad.uop.ops import AxisType, Ops, UOp
-from tests.cpu.helpers import program, run
+from tests.cpu.helpers import C_ONLY, program, run
 
 F32, I32 = dtypes.float32, dtypes.int32
 
@@ -16,6 +16,7 @@ def render(cpu, name: str) -> str:
   return cpu.renderer.render(suite()[name](cpu.renderer).program("CPU"))
 
 
+@C_ONLY
 def test_loops_registers_and_the_parallel_split(cpu):
   from plugrad_cpu.renderer import PARALLEL_MARK
   src = render(cpu, "reduce_rows")
@@ -25,6 +26,7 @@ def test_loops_registers_and_the_parallel_split(cpu):
   assert "float acc0;" in src and "acc0 = 0.0f;" in src and "acc0 = (val" in src                    # a register, not an array
 
 
+@C_ONLY
 def test_gated_load_and_if(cpu):
   src = render(cpu, "gated")
   assert "if ((0.0f<val" in src
@@ -32,6 +34,7 @@ def test_gated_load_and_if(cpu):
   assert "<37)?(data2+ridx0)[3]:(-1.0f))" in src
 
 
+@C_ONLY
 def test_vectors_use_gnu_vector_types(cpu):
   src = render(cpu, "vectors")
   assert "typedef float float4 __attribute__((vector_size(16), aligned(4)));" in src
@@ -40,12 +43,14 @@ def test_vectors_use_gnu_vector_types(cpu):
   assert "(data0+alu6)[3] = alu24[0];" in src      # GEP of a lane
 
 
+@C_ONLY
 def test_launch_indices_become_loops(cpu):
   src = render(cpu, "global_ids")
   assert "for (int gidx1 = gidx1_lo; gidx1 < gidx1_hi; gidx1++) {" in src and "for (int gidx0 = 0; gidx0 < 10; gidx0++) {" in src
   assert src.index("gidx1_lo") < src.index("gidx0 = 0")  # the outer launch dimension is the one split across threads
 
 
+@C_ONLY
 def test_helpers_only_when_needed(cpu):
   assert "pg_" not in render(cpu, "ew-add-int32")
   assert "static inline int pg_idiv_int(int a, int b)" in render(cpu, "ew-idiv-int32")
@@ -69,6 +74,7 @@ def wide_kernel(n: int, gate_at: int) -> list[UOp]:
   return k.linear
 
 
+@C_ONLY
 def test_contiguous_vector_load_and_store(cpu):
   n = 6
   p = program("wide8", wide_kernel(n, 4))
@@ -101,6 +107,7 @@ def test_gather_through_a_vector_index(cpu):
   assert got == want and -1.0 in np.frombuffer(got, np.float32)
 
 
+@C_ONLY
 def test_register_array_with_dynamic_index(cpu):
   """A register array indexed by a loop variable stays an array."""
   k = LinearBuilder()
@@ -117,6 +124,7 @@ def test_register_array_with_dynamic_index(cpu):
   assert np.frombuffer(run(p, [F32], [], out_size=4)[0], np.float32).tolist() == [3.0, 2.0, 1.0, 0.0]
 
 
+@C_ONLY
 def test_kernel_names_become_identifiers(cpu):
   assert c_identifier("r_4 x 4") == "r_4_x_4" and c_identifier("3mm") == "k_3mm" and c_identifier("int") == "k_int"
   k = LinearBuilder()

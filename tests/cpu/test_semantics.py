@@ -8,7 +8,7 @@ import pytest
 
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import Ops
-from tests.cpu.helpers import op_kernel, program, run
+from tests.cpu.helpers import C_ONLY, op_kernel, program, run
 
 F32, F64, F16, BF16, B = dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16, dtypes.bool
 I8, U8, I16, U16 = dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16
@@ -106,6 +106,7 @@ def test_where_and_mulacc(cpu):
   same_on_cpu_and_python(Ops.MULACC, (I8, I8, I8), I8, [[100, -128, 3, 7], [3, -1, 2, 9], [1, 0, -5, 127]])
 
 
+@C_ONLY
 @pytest.mark.parametrize("dt", [F16, BF16], ids=lambda d: d.name)
 def test_emulated_16bit_floats(cpu, dt):
   """Without compiler support 16-bit floats are stored as uint16 and converted in C: same bits as the interpreter."""

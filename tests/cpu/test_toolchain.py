@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from plugrad.device.errors import CompileError, DeviceUnavailableError
+from tests.cpu.helpers import C_ONLY
 
 
 def test_find_cc_honours_CC_and_falls_back(tmp_path):
@@ -20,6 +21,7 @@ def test_find_cc_honours_CC_and_falls_back(tmp_path):
   assert probe() is None and NO_COMPILER == "no C compiler found (install clang or gcc, or set CC)"
 
 
+@C_ONLY
 def test_toolchain_identity(cpu):
   from plugrad_cpu.toolchain import toolchain
   tc = toolchain()
@@ -29,6 +31,7 @@ def test_toolchain_identity(cpu):
   assert cpu.renderer.vector_width == (16 if "__AVX512F__" in tc.macros else 8 if tc.avx2 else 4) and cpu.renderer.native_float16 == tc.float16
 
 
+@C_ONLY
 def test_compile_error_names_the_kernel_and_shows_the_compiler_output(cpu):
   src = "void broken_kernel(float* data0, int core_id, int core_count) {\n  data0[0] = undefined_thing;\n}\n"
   with pytest.raises(CompileError) as e: cpu.compiler.compile_cached(src, "broken_kernel")
@@ -87,6 +90,7 @@ CACHE_CHILD = """
 """
 
 
+@C_ONLY
 def test_compile_cache_hits_in_a_second_process(tmp_path):
   first = _python(CACHE_CHILD, PLUGRAD_CACHE_DIR=str(tmp_path))
   second = _python(CACHE_CHILD, PLUGRAD_CACHE_DIR=str(tmp_path))

@@ -32,7 +32,7 @@ import numpy as np
 
 from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.renderer.base import PURE, Renderer, RendererError, linear_parts, use_analysis
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp, round_bf16
 
 C_KEYWORDS = frozenset("auto break case char const continue default do double else enum extern float for goto if inline int long register "
                        "restrict return short signed sizeof static struct switch typedef union unsigned void volatile while bool true false "
@@ -151,7 +151,7 @@ class CStyleRenderer(Renderer):
       if math.isinf(v) or math.isnan(v): return self.render_special_float(float(v), cd)
       if dt is dtypes.float64: s = repr(float(v))
       else:
-        x = float(np.float16(v)) if dt is dtypes.float16 else _bf16(float(v)) if dt is dtypes.bfloat16 else float(v)
+        x = float(np.float16(v)) if dt is dtypes.float16 else round_bf16(float(v)) if dt is dtypes.bfloat16 else float(v)
         s = float32_repr(x) + "f"
       s = f"({s})" if s.startswith("-") else s
       return s if cd in (dtypes.float32, dtypes.float64) else f"(({self.tname(cd)}){s})"
@@ -546,14 +546,6 @@ class CStyleRenderer(Renderer):
       x = self.gep(v, dt, j)
       st = f"{self._elem(ln, j % per)} = {x if ln.var else self.convert(x, p.elem, True)};"
       self.line(st if ln.gate is None else f"if ({ln.gate}) {st}")
-
-
-def _bf16(x: float) -> float:
-  """`x` rounded to float32 and then to bfloat16 (nearest, ties to even), as the interpreter does."""
-  if not math.isfinite(x): return x
-  b = int(np.array([x], np.float32).view(np.uint32)[0])
-  b = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
-  return float(np.array([b], np.uint32).view(np.float32)[0])
 
 
 def _size(dt: DType) -> int: return dt.size if isinstance(dt, PtrDType) else 1

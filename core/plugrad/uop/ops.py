@@ -443,6 +443,11 @@ def _round_via(x: float, fmt: str) -> float:
   except OverflowError: return math.copysign(math.inf, x)
 
 
+def round_bf16(x: float) -> float:
+  """`x` rounded to float32, then to bfloat16 (nearest, ties to even), as the interpreter and every renderer round it."""
+  return _round_bf16(x)
+
+
 def _round_bf16(x: float) -> float:
   if not math.isfinite(x): return x
   bits = struct.unpack("<I", struct.pack("<f", _round_via(x, "<f")))[0]

@@ -26,11 +26,15 @@ class CPUCompiler(Compiler):
         raise CompileError(f"{' '.join(self.toolchain.cc)} exited with status {res.returncode}:\n{(res.stderr or res.stdout).strip()}")
       with open(out, "rb") as f: return f.read()
 
-  def disassemble(self, lib: bytes) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".so") as f:
-      f.write(lib)
-      f.flush()
-      try: res = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f.name], capture_output=True, text=True, timeout=120)
-      except (OSError, subprocess.TimeoutExpired) as e: raise CompileError(f"disassembling needs objdump (binutils): {e}") from None
-      if res.returncode != 0: raise CompileError(f"objdump failed: {res.stderr.strip()}")
-      return res.stdout
+  def disassemble(self, lib: bytes) -> str: return objdump(lib, ".so")
+
+
+def objdump(lib: bytes, suffix: str) -> str:
+  """The disassembly of a shared object or relocatable object, by binutils' objdump."""
+  with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+    f.write(lib)
+    f.flush()
+    try: res = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f.name], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e: raise CompileError(f"disassembling needs objdump (binutils): {e}") from None
+    if res.returncode != 0: raise CompileError(f"objdump failed: {res.stderr.strip()}")
+    return res.stdout

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
 from plugrad.device.registry import Device
+from plugrad_cpu.compiler import CPUCompiler
 from plugrad_cpu.runtime import POOL, CPUProgram, load_shared
+from plugrad_cpu.toolchain import toolchain
 
 _C_TYPES = {ctypes.c_void_p: "void*", ctypes.c_int32: "int", ctypes.c_int64: "long long"}
 
@@ -66,8 +68,9 @@ class CPUGraph(GraphRunner):
     for j in range(len(progs)):
       barriers.append(bool(self.deps[j] & since))
       since = {j} if barriers[-1] else since | {j}
-    dev = Device[self.device]
-    self.lib = load_shared(dev.compiler.compile_cached(_source(self.progs, barriers), f"graph of {len(progs)} kernels"))
+    compiler = Device[self.device].compiler
+    if not isinstance(compiler, CPUCompiler): compiler = CPUCompiler(toolchain())  # CPU_LLVM=1: the wrapper is C all the same
+    self.lib = load_shared(compiler.compile_cached(_source(self.progs, barriers), f"graph of {len(progs)} kernels"))
     self.fn = self.lib.plugrad_graph
     self.fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
     self.fn.restype = None

@@ -1,37 +1,78 @@
 """Registration of the CPU device (entry point `plugrad: cpu`). Only the core's plugin API is imported here; the
-components are imported inside the hooks, and the compiler is only searched for on PATH by the probe."""
+components are imported inside the hooks, and the compiler is only searched for on PATH by the probe.
+
+Kernels are LLVM IR compiled in-process by llvmlite (`llvm_renderer.py`, `llvm_compiler.py`) when llvmlite is
+installed, else C compiled by the system compiler; CPU_LLVM=1 / CPU_LLVM=0 force one. The allocator, runtime and
+graph runner are the same, and a C compiler is required either way (the graph runner's batch wrapper is C)."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 from typing import Any
 
 from plugrad.plugin import DeviceSpec, device_name, hookimpl
 
 NAME = "CPU"
+NO_LLVMLITE = "CPU_LLVM=1 needs llvmlite (pip install llvmlite, or pip install plugrad-cpu[llvm])"
+
+
+def llvm_mode(env: dict[str, str] | None = None) -> bool:
+  """Whether kernels go through LLVM: CPU_LLVM=1 (required), CPU_LLVM=0 (C), unset: LLVM when llvmlite is installed.
+  Any other value is a ValueError."""
+  raw = (os.environ if env is None else env).get("CPU_LLVM", "").strip()
+  if raw not in ("", "0", "1"):
+    raise ValueError(f"CPU_LLVM must be 0 or 1 (1: compile kernels in-process with LLVM, 0: with the C compiler), got {raw!r}")
+  return raw == "1" or (raw == "" and _has_llvmlite())
+
+
+def _need_llvmlite() -> None:
+  from plugrad.device.errors import DeviceUnavailableError
+  try: importlib.import_module("llvmlite.binding")
+  except ImportError: raise DeviceUnavailableError(NO_LLVMLITE) from None
 
 
 def probe() -> str | None:
   from plugrad_cpu.toolchain import probe as find
-  return find()
+  if (why := find()) is not None: return why
+  try: llvm = llvm_mode()
+  except ValueError: return None  # the renderer hook raises it, naming the variable
+  return NO_LLVMLITE if llvm and not _has_llvmlite() else None  # only CPU_LLVM=1 can ask for a missing llvmlite
+
+
+def _has_llvmlite() -> bool:
+  if "llvmlite" in sys.modules: return sys.modules["llvmlite"] is not None  # None: an import made to fail
+  return importlib.util.find_spec("llvmlite") is not None
 
 
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 100: the default device once installed, unless a GPU plugin (200) is available
-  return [DeviceSpec(NAME, api=(1, 0), priority=100, probe=probe, description="C compiled by the system compiler (clang/gcc), run on host threads")]
+  return [DeviceSpec(NAME, api=(1, 0), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
+                     "compiler (clang/gcc), run on host threads")]
 
 
 @hookimpl
 def plugrad_renderer(device: str) -> Any:
   if device_name(device) != NAME: return None
-  from plugrad_cpu.renderer import CPURenderer
   from plugrad_cpu.toolchain import toolchain
   tc = toolchain()
+  if llvm_mode():
+    _need_llvmlite()
+    from plugrad_cpu.llvm_renderer import LLVMRenderer
+    return LLVMRenderer(device, vector_width=tc.float_lanes)
+  from plugrad_cpu.renderer import CPURenderer
   return CPURenderer(device, native_float16=tc.float16, native_bfloat16=tc.bfloat16, vector_width=tc.float_lanes)
 
 
 @hookimpl
 def plugrad_compiler(device: str) -> Any:
   if device_name(device) != NAME: return None
+  if llvm_mode():
+    _need_llvmlite()
+    from plugrad_cpu.llvm_compiler import LLVMCompiler
+    return LLVMCompiler()
   from plugrad_cpu.compiler import CPUCompiler
   from plugrad_cpu.toolchain import toolchain
   return CPUCompiler(toolchain())

@@ -18,6 +18,7 @@ from plugrad.renderer.base import RendererError
 from plugrad.renderer.cstyle import CStyleRenderer, c_identifier
 from plugrad.uop.ops import AxisType, GroupOp, Ops, UOp
 
+# CPUProgram runs a kernel on several threads when its source contains this text (the LLVM renderer writes it as a comment too)
 PARALLEL_MARK = "/* plugrad-cpu: parallel loop, split across core_count threads */"
 
 _NATIVE_VEC = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
@@ -152,17 +153,9 @@ class CPURenderer(CStyleRenderer):
   def extra_params(self) -> list[str]: return ["int core_id", "int core_count"]
 
   def order(self, uops: Sequence[UOp]) -> list[UOp]:
-    """Launch indices become loops around the whole kernel: hoist them (outermost dimension first) and their sizes."""
-    self._split: UOp | None = None
-    specials = sorted((u for u in uops if u.op is Ops.SPECIAL), key=lambda u: u.arg[-1], reverse=True)
-    if (lidx := [u.arg for u in specials if u.arg.startswith("l")]):
-      raise RendererError(f"the CPU has no workgroups: this kernel uses {', '.join(lidx)} (render it for a device with has_local=True)")
-    if not specials:
-      self._split = parallel_range(uops)
-      return list(uops)
-    self._split = specials[0]
-    deps = {x for s in specials for x in s.src[0].toposort}
-    return [u for u in uops if u in deps] + specials + [u for u in uops if u not in deps and u.op is not Ops.SPECIAL]
+    ordered, split = cpu_order(uops)
+    self._split: UOp | None = split
+    return ordered
 
   def render_special(self, u: UOp, size: str) -> str:
     name = self.unique(c_identifier(u.arg))
@@ -176,6 +169,17 @@ class CPURenderer(CStyleRenderer):
     return [PARALLEL_MARK, f"{t} {q} = ({bound}) / core_count, {r} = ({bound}) % core_count;",
             f"{t} {lo} = core_id * {q} + (core_id < {r} ? core_id : {r}), {hi} = {lo} + {q} + (core_id < {r});",
             f"for ({t} {name} = {lo}; {name} < {hi}; {name}++) {{"]
+
+
+def cpu_order(uops: Sequence[UOp]) -> tuple[list[UOp], UOp | None]:
+  """(the uops in rendering order, the loop to split across threads or None). Launch indices become loops around the
+  whole kernel: they are hoisted (outermost dimension first) with their sizes, and the outermost one is split."""
+  specials = sorted((u for u in uops if u.op is Ops.SPECIAL), key=lambda u: u.arg[-1], reverse=True)
+  if (lidx := [u.arg for u in specials if u.arg.startswith("l")]):
+    raise RendererError(f"the CPU has no workgroups: this kernel uses {', '.join(lidx)} (render it for a device with has_local=True)")
+  if not specials: return list(uops), parallel_range(uops)
+  deps = {x for s in specials for x in s.src[0].toposort}
+  return [u for u in uops if u in deps] + specials + [u for u in uops if u not in deps and u.op is not Ops.SPECIAL], specials[0]
 
 
 def parallel_range(uops: Sequence[UOp]) -> UOp | None:

@@ -1,4 +1,5 @@
-"""The CPU runtime: loads a kernel's shared object with ctypes and runs it on host threads.
+"""The CPU runtime: loads a kernel's shared object with ctypes (or, under CPU_LLVM=1, links its relocatable object
+into the process with LLVM's JIT linker) and runs it on host threads.
 
 A kernel whose source carries `PARALLEL_MARK` is called once per thread with (core_id, core_count); each call runs
 its own share of the parallel loop. ctypes releases the GIL during a foreign call, so the calls from a small pool of
@@ -81,6 +82,11 @@ POOL = _Pool()
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=POOL.reset)
 
 
+def is_object(binary: bytes) -> bool:
+  """Whether `binary` is an ELF relocatable object (e_type 1, what LLVMCompiler emits), not a shared object (3)."""
+  return binary[:4] == b"\x7fELF" and len(binary) > 17 and int.from_bytes(binary[16:18], "little") == 1
+
+
 def load_shared(binary: bytes) -> ctypes.CDLL:
   """A shared object's bytes loaded into this process."""
   with tempfile.NamedTemporaryFile(prefix="plugrad-cpu-", suffix=".so", delete=False) as f:
@@ -94,13 +100,22 @@ class CPUProgram:
   native ids of the threads that ran the last launch."""
   def __init__(self, runtime: CPURuntime, program: Any):
     self.runtime, self.name = runtime, program.name
-    self.lib = load_shared(program.binary)
-    try: self.fn = getattr(self.lib, c_identifier(self.name))
-    except AttributeError: raise LaunchError(f"kernel {self.name!r}: the shared object has no function {c_identifier(self.name)!r}") from None
     self.nbufs, self.var_names = len(program.globals), [v.arg[0] for v in program.vars]
-    self.fn.argtypes = [ctypes.c_void_p] * self.nbufs + [ctypes.c_int64 if v.dtype is dtypes.int64 else ctypes.c_int32 for v in program.vars] + \
+    argtypes = [ctypes.c_void_p] * self.nbufs + [ctypes.c_int64 if v.dtype is dtypes.int64 else ctypes.c_int32 for v in program.vars] + \
       [ctypes.c_int, ctypes.c_int]
-    self.fn.restype = None
+    symbol = c_identifier(self.name)
+    self.lib: Any
+    if is_object(program.binary):  # CPU_LLVM=1: an ELF relocatable object, linked in-process (no file, no dlopen)
+      from plugrad_cpu.llvm_compiler import load_object
+      try: self.lib, addr = load_object(program.binary, symbol)
+      except LaunchError as e: raise LaunchError(f"kernel {self.name!r}: {e}") from None
+      self.fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
+    else:
+      self.lib = load_shared(program.binary)
+      try: self.fn = getattr(self.lib, symbol)
+      except AttributeError: raise LaunchError(f"kernel {self.name!r}: the shared object has no function {symbol!r}") from None
+      self.fn.restype = None
+    self.fn.argtypes = argtypes
     self.parallel = PARALLEL_MARK in program.source
     est = program.estimates
     self._est, self._work = est, est.ops + est.lds if isinstance(est.ops, int) and isinstance(est.lds, int) else None
