@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
 from plugrad.device.registry import Device
+from plugrad_cpu import tiering
 from plugrad_cpu.compiler import CPUCompiler
 from plugrad_cpu.runtime import POOL, CPUProgram, load_shared
+from plugrad_cpu.tiering import TIER_AFTER
 from plugrad_cpu.toolchain import toolchain
 
 _C_TYPES = {ctypes.c_void_p: "void*", ctypes.c_int32: "int", ctypes.c_int64: "long long"}
@@ -86,6 +88,12 @@ class CPUGraph(GraphRunner):
     self.var_kernels = [j for j, u in enumerate(self.var_uses) if u and progs[j].parallel]
     for j, p in enumerate(self.progs): self.threads[j] = p.threads_for(()) if not self.var_uses[j] else 1
     self.args = [ctypes.addressof(a) for a in (self.fns, self.buf_table, self.val_table, self.threads)]
+    self.replays, self.generation = 0, tiering.generation
+
+  def _refresh(self) -> None:
+    """Re-read the kernels' function pointers after tier-ups (tiering.py swapped some in)."""
+    self.generation = tiering.generation
+    for j, p in enumerate(self.progs): self.fns[j] = ctypes.cast(p.fn, ctypes.c_void_p).value
 
   def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
     for k, positions in self.slot_pos.items():
@@ -95,6 +103,10 @@ class CPUGraph(GraphRunner):
       vals = [var_vals[n] for n in self.var_names]
       for pos, v in self.val_pos: self.val_table[pos] = vals[v]
       for j in self.var_kernels: self.threads[j] = self.progs[j].threads_for(self.vals_of(j, vals))
+    self.replays += 1
+    if self.replays == TIER_AFTER:
+      for p in self.progs: p.tier_up()
+    if self.generation != tiering.generation: self._refresh()
     n = max(self.threads)
     st = time.perf_counter()
     if n == 1: self.fn(*self.args, 0, 1)

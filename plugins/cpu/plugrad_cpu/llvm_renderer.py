@@ -75,9 +75,10 @@ def scalar_const(v: float | int | bool, dt: DType) -> str:
 def _is_const(x: str) -> bool: return not x.startswith("%")
 
 
-# ops + bytes moved (`p.estimates`) below which a kernel is compiled by the quick pipeline (about 0.5 ms of work: its
-# ~7 ms shorter compile outweighs what the full O2 pipeline could still gain on it)
-QUICK_WORK_MAX = 1 << 24
+# ops + bytes moved (`p.estimates`) below which a kernel is compiled by the quick pipeline: about 30 us of work, where
+# its ~7 ms shorter compile outweighs what the full O2 pipeline gains over hundreds of runs (without LICM and the loop
+# passes a kernel may run up to ~2x slower: the MLP's 256x512x10 output layer, 3 Mi of work, took 88 instead of 47 us)
+QUICK_WORK_MAX = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ def plugrad_renderer(device: str) -> Any:
     _need_llvmlite()
     from plugrad_cpu.llvm_renderer import LLVMRenderer
     return LLVMRenderer(device, vector_width=tc.float_lanes)
-  from plugrad_cpu.renderer import CPURenderer
-  return CPURenderer(device, native_float16=tc.float16, native_bfloat16=tc.bfloat16, vector_width=tc.float_lanes)
+  from plugrad_cpu.renderer import c_renderer
+  return c_renderer(device)
 
 
 @hookimpl

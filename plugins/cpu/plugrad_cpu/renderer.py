@@ -171,6 +171,13 @@ class CPURenderer(CStyleRenderer):
             f"for ({t} {name} = {lo}; {name} < {hi}; {name}++) {{"]
 
 
+def c_renderer(device: str) -> CPURenderer:
+  """The C renderer for this machine's compiler (its 16-bit float support and vector width)."""
+  from plugrad_cpu.toolchain import toolchain
+  tc = toolchain()
+  return CPURenderer(device, native_float16=tc.float16, native_bfloat16=tc.bfloat16, vector_width=tc.float_lanes)
+
+
 def cpu_order(uops: Sequence[UOp]) -> tuple[list[UOp], UOp | None]:
   """(the uops in rendering order, the loop to split across threads or None). Launch indices become loops around the
   whole kernel: they are hoisted (outermost dimension first) with their sizes, and the outermost one is split."""

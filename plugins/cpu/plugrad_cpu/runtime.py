@@ -22,8 +22,10 @@ from plugrad.device.runtime import Dims, Runtime
 from plugrad.dtype import dtypes
 from plugrad.renderer.cstyle import c_identifier
 from plugrad.uop.ops import UOp
+from plugrad_cpu import tiering
 from plugrad_cpu.allocator import CPUBuffer
 from plugrad_cpu.renderer import PARALLEL_MARK
+from plugrad_cpu.tiering import TIER_AFTER
 
 WORK_PER_THREAD = 1 << 20  # ops + bytes moved per thread (about 100 us of work) before another thread pays off
 
@@ -105,11 +107,18 @@ class CPUProgram:
       [ctypes.c_int, ctypes.c_int]
     symbol = c_identifier(self.name)
     self.lib: Any
-    if is_object(program.binary):  # CPU_LLVM=1: an ELF relocatable object, linked in-process (no file, no dlopen)
+    self.program, self.launches, self.tiered = program, 0, threading.Event()
+    # "llvm" (tiering may recompile it with the C compiler: tiering.py), "queued", or "c" (a shared object from the start)
+    self.tier = "c"
+    self._retired: list[Any] = []  # code replaced by a tier-up, kept mapped: a launch in flight may still run it
+    self.timings: tuple[float, float] | None = None  # (LLVM, C) best seconds when tiering compared them
+    if is_object(program.binary):  # LLVM: an ELF relocatable object, linked in-process (no file, no dlopen)
       from plugrad_cpu.llvm_compiler import load_object
       try: self.lib, addr = load_object(program.binary, symbol)
       except LaunchError as e: raise LaunchError(f"kernel {self.name!r}: {e}") from None
       self.fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
+      self.tier = "llvm"
+      tiering._programs.add(self)
     else:
       self.lib = load_shared(program.binary)
       try: self.fn = getattr(self.lib, symbol)
@@ -122,7 +131,19 @@ class CPUProgram:
     self.last_threads: frozenset[int] = frozenset()
     self._by_vals: dict[tuple[int, ...], int] = {}  # thread counts of symbolic launches (evaluating estimates takes ~10 us)
 
-  def __repr__(self) -> str: return f"<CPUProgram {self.name!r}{' parallel' if self.parallel else ''}>"
+  def __repr__(self) -> str: return f"<CPUProgram {self.name!r}{' parallel' if self.parallel else ''} ({self.tier})>"
+
+  def tier_up(self, wait: bool = False) -> None:
+    """Queue LLVM code for its C recompile (tiering.py); `wait` blocks until it is swapped in (or has failed)."""
+    if self.tier == "llvm" and tiering.enabled():
+      self.tier = "queued"
+      tiering.WORKER.submit(self)
+    if wait and self.tier == "queued": self.tiered.wait()
+
+  def install(self, lib: Any, fn: Any) -> None:
+    """Swap in the C compiler's code for this kernel (the tiering worker calls it; the results are the same)."""
+    self._retired.append((self.lib, self.fn))
+    self.lib, self.fn, self.tier = lib, fn, "c"
 
   def threads_for(self, vals: tuple[int, ...]) -> int:
     if not self.parallel or self.runtime.threads == 1: return 1
@@ -141,6 +162,8 @@ class CPUProgram:
     if not all(isinstance(h, CPUBuffer) for h in handles):
       raise LaunchError(f"kernel {self.name!r}: buffers must be CPU buffer handles, got {[type(h).__name__ for h in handles]}")
     args = [h.addr for h in handles] + list(vals)
+    self.launches += 1
+    if self.tier == "llvm" and self.launches >= TIER_AFTER: self.tier_up()
     n = self.threads_for(tuple(vals))
     st = time.perf_counter()
     if n == 1:
