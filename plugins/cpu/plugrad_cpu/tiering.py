@@ -19,6 +19,8 @@ import warnings
 import weakref
 from typing import Any
 
+from plugrad.helpers import DEBUG
+
 # launches (or graph replays) before a kernel is recompiled: the background compile competes with the loop for the
 # cores, and the digits CNN's 110 training steps ran 20% longer when every kernel tiered up after 4 (2 cores)
 TIER_AFTER = 256
@@ -121,6 +123,7 @@ class _Worker:
           prog.install(lib, fn)
           generation += 1
         else: prog.tier = "llvm (kept: the C code was not faster)"
+        if DEBUG >= 2: print(f"tier-up {prog.name}: LLVM {t_llvm * 1e6:.1f} us, C {t_c * 1e6:.1f} us -> {prog.tier}")
       except Exception as e:
         prog.tier = f"llvm (the C recompile failed: {type(e).__name__})"
         warnings.warn(f"plugrad-cpu: kernel {prog.name!r} keeps its LLVM code; recompiling it with the C compiler failed: {e}", stacklevel=1)
