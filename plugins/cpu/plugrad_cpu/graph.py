@@ -2,9 +2,10 @@
 
 The batch is compiled into one C function that calls each kernel's function through a pointer table with its
 arguments read from two tables (buffer addresses, variable values). A replay writes the pointers and values that
-change into those tables and makes one foreign call per thread, so the Python cost per kernel is gone. Threads:
-every thread runs the whole batch; a parallel kernel is shared by the first `threads[j]` of them, a serial one runs
-on thread 0, and a spin barrier separates a kernel from the earlier ones it depends on (`GraphRunner.deps`).
+change into those tables and makes one foreign call, so the Python cost per kernel is gone: with several threads the
+native pool (native_pool.py) runs the other threads' shares, without a GIL hand-off or a Python worker in between.
+Threads: every thread runs the whole batch; a parallel kernel is shared by the first `threads[j]` of them, a serial
+one runs on thread 0, and a spin barrier separates a kernel from the earlier ones it depends on (`GraphRunner.deps`).
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from collections.abc import Sequence
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
 from plugrad.device.registry import Device
-from plugrad_cpu import tiering
+from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.compiler import CPUCompiler
-from plugrad_cpu.runtime import POOL, CPUProgram, load_shared
+from plugrad_cpu.runtime import CPUProgram, load_shared
 from plugrad_cpu.tiering import TIER_AFTER
 from plugrad_cpu.toolchain import toolchain
 
@@ -110,7 +111,7 @@ class CPUGraph(GraphRunner):
     n = max(self.threads)
     st = time.perf_counter()
     if n == 1: self.fn(*self.args, 0, 1)
-    else: POOL.run(self.fn, self.args, n)
+    else: native_pool.run(self.fn, self.args, n)
     return time.perf_counter() - st if wait else None
 
   def vals_of(self, j: int, vals: list[int]) -> tuple[int, ...]: return tuple(vals[v] for v in self.var_uses[j])
