@@ -76,6 +76,16 @@ int plugrad_pool_run(graph_fn fn, void **f, void **b, long long *v, const int *n
   return 0;
 }
 
+/* 1 when *p >= want, 0 when `ns` nanoseconds passed first (the Python worker pool of single launches waits with it) */
+int plugrad_wait(volatile int *p, int want, long long ns) {
+  long long end = now() + ns; unsigned i = 0;
+  while (__atomic_load_n(p, __ATOMIC_ACQUIRE) < want) {
+    if ((++i & 63) == 0 && now() > end) return 0;
+    relax();
+  }
+  return 1;
+}
+
 /* in a forked child: the workers are gone, and a lock may have been held by a thread that no longer exists */
 void plugrad_pool_after_fork(void) {
   pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER; pthread_cond_t c = PTHREAD_COND_INITIALIZER;
@@ -98,6 +108,7 @@ def _load() -> Any:
       lib.plugrad_pool_run.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
       lib.plugrad_pool_run.restype = ctypes.c_int
       lib.plugrad_pool_after_fork.argtypes, lib.plugrad_pool_after_fork.restype = [], None
+      lib.plugrad_wait.argtypes, lib.plugrad_wait.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong], ctypes.c_int
       _lib = lib
     return _lib
 
@@ -106,6 +117,11 @@ def run(graph_fn: Any, args: list[int], cores: int) -> None:
   """Run `graph_fn` (a loaded `plugrad_graph`) with its four table addresses on `cores` threads; blocks until done."""
   if _load().plugrad_pool_run(ctypes.cast(graph_fn, ctypes.c_void_p), *args, cores) != 0:
     raise RuntimeError(f"plugrad-cpu: could not start {cores - 1} native worker threads (pthread_create failed)")
+
+
+def wait(flag: ctypes.c_int, want: int, ns: int = SPIN_NS) -> bool:
+  """Spin (GIL released) until `flag` >= want or `ns` nanoseconds pass; True when it got there."""
+  return bool(_load().plugrad_wait(ctypes.addressof(flag), want, ns))
 
 
 def _after_fork() -> None:

@@ -1,4 +1,4 @@
-"""The CPU runtime: loads a kernel's shared object with ctypes (or, under CPU_LLVM=1, links its relocatable object
+"""The CPU runtime: loads a kernel's shared object with ctypes (or, when LLVM compiled it, links its relocatable object
 into the process with LLVM's JIT linker) and runs it on host threads.
 
 A kernel whose source carries `PARALLEL_MARK` is called once per thread with (core_id, core_count); each call runs
@@ -22,7 +22,7 @@ from plugrad.device.runtime import Dims, Runtime
 from plugrad.dtype import dtypes
 from plugrad.renderer.cstyle import c_identifier
 from plugrad.uop.ops import UOp
-from plugrad_cpu import tiering
+from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.allocator import CPUBuffer
 from plugrad_cpu.renderer import PARALLEL_MARK
 from plugrad_cpu.tiering import TIER_AFTER
@@ -40,60 +40,28 @@ def default_threads(env: dict[str, str] | None = None) -> int:
   except (AttributeError, OSError): return os.cpu_count() or 1
 
 
-# A worker that finished a share spins this long (in native code, without the GIL) for the next one before it blocks:
-# waking a blocked thread took ~85 us per parallel launch on this 2-vCPU VM (a futex wake of an idle vCPU, twice: the
-# worker and then the caller), as much as the MLP's output layer computes. A JIT replay loop calls again within it.
-SPIN_NS = 250_000
-_WAIT_SRC = """#include <time.h>
-static long long pg_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
-/* 1 when *p >= want, 0 when `ns` nanoseconds passed first */
-int plugrad_wait(volatile int *p, int want, long long ns) {
-  long long end = pg_now() + ns; unsigned i = 0;
-  while (__atomic_load_n(p, __ATOMIC_ACQUIRE) < want) {
-    if ((++i & 63) == 0 && pg_now() > end) return 0;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
-  return 1;
-}
-"""
-
-
 class _Pool:
   """Worker threads shared by every CPU kernel of the process, each with its own queue, so share k of a launch always
   runs on worker k (n shares really run on n threads, and a worker keeps touching the same part of the data). A launch
-  raises each worker's `ready` flag after queueing its share, and counts finished shares in `left`; both sides wait
-  for the other in native code (`plugrad_wait`, GIL released) for up to SPIN_NS before blocking on the queues. Made
-  anew in a forked child: threads do not survive a fork."""
-  def __init__(self) -> None:
-    self._wait: Any = None
-    self.reset()
+  raises each worker's `ready` flag after queueing its share and counts finished shares in `finished`; both sides wait
+  for the other in native code (`native_pool.wait`, GIL released, up to `native_pool.SPIN_NS`) before blocking on the queues:
+  waking a blocked thread cost ~85 us per parallel launch on this 2-vCPU VM, the spin brings it to ~60 (the rest is
+  the GIL; JIT graph replays avoid both through native_pool.run). Made anew in a forked child: threads do not survive
+  a fork."""
+  def __init__(self) -> None: self.reset()
 
   def reset(self) -> None:
     self._queues: list[tuple[queue.SimpleQueue, ctypes.c_int]] = []
     self._lock = threading.Lock()
 
-  def waiter(self) -> Any:
-    """The native `plugrad_wait`, compiled by the C toolchain at the first parallel launch (cached on disk)."""
-    if self._wait is None:
-      from plugrad_cpu.compiler import CPUCompiler
-      from plugrad_cpu.toolchain import toolchain
-      lib = load_shared(CPUCompiler(toolchain()).compile_cached(_WAIT_SRC, "plugrad_wait"))
-      fn = lib.plugrad_wait
-      fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong], ctypes.c_int
-      self._wait = (lib, fn)
-    return self._wait[1]
-
   def run(self, fn: Callable[..., Any], args: list[int], n: int) -> frozenset[int]:
     """Run shares 1..n-1 on workers and share 0 here; returns the native ids of the threads that ran them."""
-    wait = self.waiter()
     with self._lock:
       while len(self._queues) < n - 1:
         q: queue.SimpleQueue = queue.SimpleQueue()
         ready = ctypes.c_int(0)
         self._queues.append((q, ready))
-        threading.Thread(target=_worker, args=(q, ready, wait), name=f"plugrad-cpu-{len(self._queues)}", daemon=True).start()
+        threading.Thread(target=_worker, args=(q, ready), name=f"plugrad-cpu-{len(self._queues)}", daemon=True).start()
       workers = self._queues[:n - 1]
     done: queue.SimpleQueue = queue.SimpleQueue()
     finished = ctypes.c_int(0)
@@ -103,7 +71,7 @@ class _Pool:
     results: list[tuple[bool, Any]] = []
     try: results.append((True, _share(fn, args, 0, n)))
     except Exception as e: results.append((False, e))
-    wait(ctypes.addressof(finished), len(workers), SPIN_NS)
+    native_pool.wait(finished, len(workers))
     results += [done.get() for _ in workers]  # every share finishes before the launch returns, even when one failed
     if (err := next((v for ok, v in results if not ok), None)) is not None: raise err
     return frozenset(v for _, v in results)
@@ -114,9 +82,9 @@ def _share(fn: Callable[..., Any], args: list[int], k: int, n: int) -> int:
   return threading.get_native_id()
 
 
-def _worker(q: queue.SimpleQueue, ready: ctypes.c_int, wait: Any) -> None:
+def _worker(q: queue.SimpleQueue, ready: ctypes.c_int) -> None:
   while True:
-    if q.empty(): wait(ctypes.addressof(ready), 1, SPIN_NS)  # the next share usually comes within the spin
+    if q.empty(): native_pool.wait(ready, 1)  # the next share usually comes within the spin
     fn, args, k, n, done, finished = q.get()
     ready.value = 0  # a share queued meanwhile is already in q: clearing can only cost a spin, never a share
     try: done.put((True, _share(fn, args, k, n)))
