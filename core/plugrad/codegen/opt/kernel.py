@@ -133,6 +133,18 @@ class Scheduler:
     if size % amt: raise KernelOptError(f"{opt}: the axis has size {size}, which {amt} does not divide (PADTO it first)")
     return amt
 
+  def _split_target(self, axes: list[UOp], opt: Opt, what: str) -> tuple[UOp, int]:
+    """(the range `opt` splits, the amount), checked: a valid axis, a dividing amount, not inside a PACK copy."""
+    r = self._axis(axes, opt, what)
+    amt = self._amount(r, opt)
+    self._not_packed(r, opt)
+    return r, amt
+
+  def _workgroup_fits(self, opt: Opt, amt: int) -> None:
+    rd = self.renderer
+    limit = min(rd.local_max[0] if rd.local_max else 1024, 1024)
+    if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
+
   def _apply(self, opt: Opt) -> None:
     op, rd = opt.op, self.renderer
     if self.applied and self.applied[-1].op is OptOps.TC and op is OptOps.TC: raise KernelOptError(f"{opt}: TC was already applied")
@@ -170,15 +182,12 @@ class Scheduler:
       self._padto(self._axis(self.output_axes + self.reduce_axes, opt, "output or reduce"), opt)
       return
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
-      r = self._axis(self.output_axes, opt, "output")
-      amt = self._amount(r, opt)
-      self._not_packed(r, opt)
+      r, amt = self._split_target(self.output_axes, opt, "output")
       if op is OptOps.UPCAST:
         self._split(opt, r, amt, AxisType.UPCAST)
       elif op is OptOps.LOCAL:
         if not rd.has_local or self.dont_use_locals: raise KernelOptError(f"{opt}: {rd.device} has no workgroups (or NOLOCALS was applied)")
-        limit = min(rd.local_max[0] if rd.local_max else 1024, 1024)
-        if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
+        self._workgroup_fits(opt, amt)
         self._split(opt, r, amt, AxisType.LOCAL)
       else:
         if rd.has_local: raise KernelOptError(f"{opt}: THREAD splits work across host threads; {rd.device} has workgroups (use LOCAL)")
@@ -189,9 +198,7 @@ class Scheduler:
         self.ast = replace_range(self.ast, r, outer * (size // amt) + inner, (inner,), front=(outer,))
       return
     if op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):
-      r = self._axis(self.reduce_axes, opt, "reduce")
-      amt = self._amount(r, opt)
-      self._not_packed(r, opt)
+      r, amt = self._split_target(self.reduce_axes, opt, "reduce")
       if op is OptOps.UNROLL:
         self._split(opt, r, amt, AxisType.UNROLL)
         return
@@ -202,8 +209,7 @@ class Scheduler:
       if self.ranges_of(AxisType.GROUP_REDUCE):
         raise KernelOptError(f"{opt}: the reduction is already grouped")
       if self.ranges_of(AxisType.UPCAST, AxisType.UNROLL): raise KernelOptError(f"{opt}: GROUP must come before UPCAST/UNROLL")
-      limit = min(rd.local_max[0] if rd.local_max else 1024, 1024)
-      if self.local_size() * amt > limit: raise KernelOptError(f"{opt}: a workgroup of more than {limit} threads")
+      self._workgroup_fits(opt, amt)
       if self.local_size() * amt * reds[0].dtype.itemsize > rd.shared_max:
         raise KernelOptError(f"{opt}: needs more than {rd.shared_max} bytes of shared memory")
       self._split(opt, r, amt, AxisType.GROUP_REDUCE, top=op is OptOps.GROUPTOP)
