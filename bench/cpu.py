@@ -4,7 +4,10 @@
 
 Workloads (fp32): matmul N=512/1024/2048 (GFLOPS), the fused elementwise a*b+c on 16M floats (GB/s, 16 bytes/element:
 3 reads + 1 write), sum of 16M floats and row-sum of a 4096x4096 matrix (GB/s, bytes read + written), conv2d batch 8,
-64->64 channels, 56x56, 3x3, padding 1 (GFLOPS), and how plugrad scales from 1 thread to N (matmul 1024, a*b+c).
+64->64 channels, 56x56, 3x3, padding 1 (GFLOPS), attention's parts at a BERT-style encoder's shapes (softmax over
+32x12x128x128 and layernorm over 4096x384 in GB/s of one read + one write; scaled_dot_product_attention 32x12x128x32 and
+a 4096x384x384 projection fed by layernorm in GFLOPS of their matmuls), and how plugrad scales from 1 thread to N
+(matmul 1024, a*b+c). --keys picks workloads.
 Then the optimizer's target lines (--no-targets skips them), each from a fresh process: matmul with BEAM=2 (--beam
 sizes; search seconds, ratio to numpy's line above, and the first run of a second process on the same BEAM cache), the
 codegen milliseconds per new kernel (schedule + optimize + lower + render, no C compiler, median over 60 fresh graphs),
@@ -64,6 +67,7 @@ FRAMEWORKS = ("plugrad", "numpy", "torch", "tinygrad")
 PEERS = ("numpy", "torch", "tinygrad")
 HERE = os.path.dirname(os.path.abspath(__file__))
 M16 = 1 << 24  # 16M floats
+ATT = 32 * 12 * 128 * 128  # attention scores of batch 32, 12 heads, sequence 128
 MIN_TIMED = 0.3  # seconds of timed runs per measurement at least (up to 100 runs), when runs are short
 ROUND_LIMIT = 3.0  # a measurement whose timed runs took longer runs in one round only
 
@@ -81,6 +85,11 @@ def _workloads() -> dict[str, Workload]:
         Workload("sum", "sum fp32 16M", "GB/s", 4.0 * M16 + 4, 1e-3, 2),
         Workload("rowsum", "row-sum fp32 4096x4096", "GB/s", 4.0 * 4096 * 4096 + 4 * 4096, 1e-4, 3),
         Workload("conv", "conv2d 8x64x56x56 3x3 p1 ->64", "GFLOPS", 2.0 * 8 * 64 * 56 * 56 * 64 * 9, 1e-4, 4)]
+  # attention's parts at a BERT-style encoder's shapes (issue 20): GB/s counts one read and one write of the rows
+  w += [Workload("softmax", "softmax 32x12x128x128", "GB/s", 8.0 * ATT, 1e-5, 5),
+        Workload("layernorm", "layernorm 4096x384", "GB/s", 8.0 * 4096 * 384, 1e-4, 6),
+        Workload("sdpa", "attention 32x12x128x32 fwd", "GFLOPS", 4.0 * ATT * 32, 1e-4, 7),
+        Workload("proj", "layernorm(x) @ W 4096x384x384", "GFLOPS", 2.0 * 4096 * 384 * 384, 1e-3, 8)]
   return {x.key: x for x in w}
 
 
@@ -98,6 +107,11 @@ def make_inputs(key: str) -> list[Any]:
   if key == "sum": return [r(M16)]
   if key == "rowsum": return [r(4096, 4096)]
   if key == "conv": return [r(8, 64, 56, 56), r(64, 64, 3, 3)]
+  g = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+  if key == "softmax": return [g(32, 12, 128, 128) * 4]
+  if key == "layernorm": return [g(4096, 384)]
+  if key == "sdpa": return [g(32, 12, 128, 32), g(32, 12, 128, 32), g(32, 12, 128, 32)]
+  if key == "proj": return [g(4096, 384), g(384, 384) * 0.05]
   raise KeyError(key)
 
 
@@ -121,7 +135,25 @@ def reference(key: str, inputs: list[Any]) -> Any:
   if key == "sum": return np.sum(x[0])
   if key == "rowsum": return x[0].sum(axis=1)
   if key == "conv": return numpy_conv(x[0], x[1])
+  if key == "softmax": return numpy_softmax(x[0])
+  if key == "layernorm": return numpy_layernorm(x[0])
+  if key == "sdpa": return numpy_sdpa(*x)
+  if key == "proj": return numpy_layernorm(x[0]) @ x[1]
   raise KeyError(key)
+
+
+def numpy_softmax(x: Any) -> Any:
+  import numpy as np
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def numpy_layernorm(x: Any) -> Any:
+  y = x - x.mean(-1, keepdims=True)
+  return y / ((y * y).mean(-1, keepdims=True) + 1e-5) ** 0.5
+
+
+def numpy_sdpa(q: Any, k: Any, v: Any) -> Any: return numpy_softmax(q @ k.swapaxes(-1, -2) / q.shape[-1] ** 0.5) @ v
 
 
 # ---------------------------------------------------------------------------------------------------- codegen, latency, BEAM
@@ -262,11 +294,18 @@ class Side:
     if key == "sum": return lambda: self.sync(xs[0].sum())
     if key == "rowsum": return lambda: self.sync(self.rowsum(xs[0]))
     if key == "conv": return lambda: self.sync(self.conv(xs[0], xs[1]))
+    if key == "softmax": return lambda: self.sync(self.softmax(xs[0]))
+    if key == "layernorm": return lambda: self.sync(self.layernorm(xs[0]))
+    if key == "sdpa": return lambda: self.sync(self.sdpa(*xs))
+    if key == "proj": return lambda: self.sync(self.layernorm(xs[0]) @ xs[1])
     raise KeyError(key)
 
   def sync(self, out: Any) -> Any: return out
   def rowsum(self, m: Any) -> Any: return m.sum(axis=1)
   def conv(self, x: Any, w: Any) -> Any: return x.conv2d(w, padding=1)
+  def softmax(self, x: Any) -> Any: return x.softmax(-1)
+  def layernorm(self, x: Any) -> Any: return x.layernorm()
+  def sdpa(self, q: Any, k: Any, v: Any) -> Any: return q.scaled_dot_product_attention(k, v)
 
 
 class NumpySide(Side):
@@ -289,6 +328,9 @@ class NumpySide(Side):
             f"{b.get('num_threads')} threads via {self.how}; OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset; conv2d = im2col copy + sgemm")
 
   def conv(self, x: Any, w: Any) -> Any: return numpy_conv(x, w)
+  def softmax(self, x: Any) -> Any: return numpy_softmax(x)
+  def layernorm(self, x: Any) -> Any: return numpy_layernorm(x)
+  def sdpa(self, q: Any, k: Any, v: Any) -> Any: return numpy_sdpa(q, k, v)
 
 
 class TorchSide(Side):
@@ -309,6 +351,9 @@ class TorchSide(Side):
   def to_numpy(self, out: Any) -> Any: return out.numpy()
   def rowsum(self, m: Any) -> Any: return m.sum(dim=1)
   def conv(self, x: Any, w: Any) -> Any: return self.torch.nn.functional.conv2d(x, w, padding=1)
+  def softmax(self, x: Any) -> Any: return self.torch.softmax(x, -1)
+  def layernorm(self, x: Any) -> Any: return self.torch.nn.functional.layer_norm(x, x.shape[-1:])
+  def sdpa(self, q: Any, k: Any, v: Any) -> Any: return self.torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
 class PlugradSide(Side):
@@ -630,6 +675,7 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=None, help="rounds over the frameworks per workload, each reporting its median; the best "
                   "round is kept (default 2, --quick 1; measurements over 3 s run once)")
   ap.add_argument("--cap", type=float, default=60.0, help="seconds one measurement (input setup, warm-up, timed runs) may take (default 60)")
+  ap.add_argument("--keys", default=None, help="comma-separated workloads to run instead of the default list (e.g. softmax,sdpa)")
   ap.add_argument("--only", default=None, help=f"comma-separated frameworks to run (default: all of {','.join(FRAMEWORKS)})")
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--extra", default=None, help=argparse.SUPPRESS)
@@ -650,7 +696,9 @@ def main() -> None:
   t_begin = time.perf_counter()
   reps = args.reps or (3 if args.quick else 5)
   rounds = args.rounds or (1 if args.quick else 2)
-  keys = ["matmul512", "ew", "sum", "rowsum"] if args.quick else ["matmul512", "matmul1024", "matmul2048", "ew", "sum", "rowsum", "conv"]
+  keys = ["matmul512", "ew", "sum", "rowsum"] if args.quick else ["matmul512", "matmul1024", "matmul2048", "ew", "sum", "rowsum", "conv",
+                                                                                        "softmax", "layernorm", "sdpa", "proj"]
+  if args.keys: keys = args.keys.split(",")
   frameworks = [f for f in FRAMEWORKS if args.only is None or f in args.only.split(",")]
   logdir = tempfile.mkdtemp(prefix="plugrad-bench-cpu-")
 
@@ -704,7 +752,7 @@ def main() -> None:
 
   for w in workers.values(): w.kill()
   nogc = None
-  if "plugrad" in workers and not args.quick:  # a fresh process, as a user's loop would start: nothing cached yet
+  if "plugrad" in workers and not args.quick and "ew" in keys:  # a fresh process, as a user's loop would start: nothing cached yet
     fresh = Worker("plugrad", args.threads, env_for("plugrad", args.threads), os.path.join(logdir, "plugrad-nogc.log"))
     nogc = fresh.request("ew_nogc", 20, args.cap, collect=False)
     fresh.kill()

@@ -19,13 +19,18 @@ def clang() -> str | None:
   return os.environ.get("CC") or shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"), reverse=True)), None)
 
 
-def run_peer(script: str, name: str, threads: int, *args: str) -> dict[str, Any] | str:
-  """`python script --peer name --threads N *args` in a subprocess: the JSON it prints last, or why there is none."""
+def run_peer(script: str, name: str, threads: int, *args: str, timeout: float | None = None,
+             env_extra: dict[str, str] | None = None) -> dict[str, Any] | str:
+  """`python script --peer name --threads N *args` in a subprocess: the JSON it prints last, or why there is none
+  ("skipped: over N s" when it runs past `timeout` seconds and is killed). `env_extra` is added to its environment."""
   if name in INSTALL and importlib.util.find_spec(name) is None: return f"not installed ({INSTALL[name]})"
-  env = {**os.environ, "THREADS": str(threads), "NUM_CPU_THREADS": str(threads)}
+  env = {**os.environ, "THREADS": str(threads), "NUM_CPU_THREADS": str(threads), **(env_extra or {})}
   if name == "tinygrad":
     if (cc := clang()) is None: return "skipped: tinygrad's CPU device needs clang (apt install clang, or CC=...)"
     env.update(DEV="CPU", CC=cc)  # plugrad reads CC too, so it is set for tinygrad's process only
-  proc = subprocess.run([sys.executable, script, "--peer", name, "--threads", str(threads), *args], capture_output=True, text=True, env=env)
+  try:
+    proc = subprocess.run([sys.executable, script, "--peer", name, "--threads", str(threads), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+  except subprocess.TimeoutExpired: return f"skipped: over {timeout:.0f} s"
   if proc.returncode != 0: return "failed: " + (proc.stderr.strip().splitlines() or ["no output"])[-1]
   return json.loads(proc.stdout.strip().splitlines()[-1])

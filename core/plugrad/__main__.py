@@ -15,9 +15,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from plugrad.device.errors import DeviceError, InvalidDeviceStringError, UnknownDeviceError
 from plugrad.device.registry import Device
 from plugrad.device.smoke import SmokeResult, run_smoke
+from plugrad.errors import DeviceError, InvalidDeviceStringError, UnknownDeviceError
 from plugrad.plugin.hookspecs import API_VERSION, parse_device
 from plugrad.plugin.manager import PluginWarning, core_version
 

@@ -86,6 +86,48 @@ def _expand_grad(ret: UOp, g: UOp) -> Grads:
   return (_sum_to(g, tuple(i for i, (s, o) in enumerate(zip(src_shape, out_shape)) if s != o)),)
 
 
+def _scatter_add(base: UOp, idx: UOp, g: UOp, axis: int) -> UOp: return UOp(Ops.SCATTER, g.dtype, (base, idx, g), (axis, "add"))
+
+
+def _gather(x: UOp, idx: UOp, axis: int) -> UOp:
+  """GATHER of `x` by `idx`, x first cut to idx's extent outside the axis (a SCATTER's index may be smaller than its base)."""
+  xs, ix = _shape(x), _shape(idx)
+  if any(a != b for d, (a, b) in enumerate(zip(xs, ix)) if d != axis):
+    x = x.shrink(tuple((0, s if d == axis else i) for d, (s, i) in enumerate(zip(xs, ix))))
+  return UOp(Ops.GATHER, x.dtype, (x, idx), axis)
+
+
+def _gather_grad(ret: UOp, g: UOp) -> Grads:
+  # the backward of an indexed read is an indexed accumulate into zeros, never a product with a one-hot matrix
+  return (_scatter_add(_const(ret.src[0], 0.0), ret.src[1], g, ret.arg), None)
+
+
+def _scatter_grad(ret: UOp, g: UOp) -> Grads:
+  base, idx, src = ret.src
+  axis, how = ret.arg
+  if how == "add": return (g, None, _gather(g, idx, axis))
+  if how == "mul":  # r = base * prod(src at the row): each factor's derivative is r / factor (not exact where a factor is 0)
+    gr = g.alu(Ops.MUL, ret)
+    return (gr.alu(Ops.FDIV, base), None, _gather(gr, idx, axis).alu(Ops.FDIV, src))
+  if how in ("max", "min"):  # the gradient goes to the values equal to the result, shared equally among ties
+    zero = _const(g, 0.0)
+    src_hit, base_hit = src.alu(Ops.CMPEQ, _gather(ret, idx, axis)).cast(g.dtype), base.alu(Ops.CMPEQ, ret).cast(g.dtype)
+    count = base_hit.alu(Ops.ADD, _scatter_add(zero, idx, src_hit, axis))
+    share = g.alu(Ops.FDIV, count.alu(Ops.MAX, _const(count, 1.0)))
+    return (base_hit.alu(Ops.MUL, share), None, src_hit.alu(Ops.MUL, _gather(share, idx, axis)))
+  # the base keeps its gradient where nothing was written; each written element's goes to the source that wrote last
+  ishape = _shape(idx)
+  dev = UOp(Ops.DEVICE, dtypes.void, (), ret.tensor_device)
+  n = ishape[axis]
+  def ints(v: int, shape: tuple) -> UOp: return UOp(Ops.CONST, dtypes.int32, (dev,), v).reshape((1,) * len(shape)).expand(shape)
+  rank = UOp(Ops.IOTA, dtypes.int32, (dev,), n).alu(Ops.ADD, ints(1, (n,)))  # 1-based, so 0 can mean "not written"
+  rank = rank.reshape(tuple(n if d == axis else 1 for d in range(len(ishape)))).expand(ishape)
+  last = UOp(Ops.SCATTER, dtypes.int32, (ints(0, _shape(base)), idx, rank), (axis, "max"))
+  gs = _gather(g, idx, axis)
+  return (_where(last.alu(Ops.CMPEQ, ints(0, _shape(base))), g, _const(g, 0.0)), None,
+          _where(_gather(last, idx, axis).alu(Ops.CMPEQ, rank), gs, _const(gs, 0.0)))
+
+
 def _shape(u: UOp) -> tuple:
   assert u.shape is not None
   return u.shape
@@ -116,6 +158,8 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
   Ops.SHRINK: lambda r, g: (g.pad(tuple((b, s - e) for (b, e), s in zip(r.arg, _shape(r.src[0])))),),
   Ops.FLIP: lambda r, g: (g.flip(r.arg),),
   Ops.REDUCE_AXIS: _reduce_grad,
+  Ops.GATHER: _gather_grad,
+  Ops.SCATTER: _scatter_grad,
   Ops.CONTIGUOUS: lambda r, g: (g,),
   Ops.DETACH: lambda r, g: (None,),
   Ops.COPY: lambda r, g: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), r.src[0].tensor_device))), None),

@@ -1,9 +1,9 @@
 """A plugin's declared expected failures (`plugrad_conformance_xfails`) are honoured, and they are strict."""
 import pytest
 
-from plugrad.device.errors import LaunchError
-from plugrad.device.interpreter import PythonRuntime
+from plugrad.builtin.interpreter import PythonRuntime
 from plugrad.device.registry import Device
+from plugrad.errors import LaunchError
 from plugrad.plugin import hookimpl
 from plugrad.plugin.manager import PluginManager, get_manager
 from tests.plugin.fakes import FakeEntryPoint, PyClone

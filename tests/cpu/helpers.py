@@ -27,7 +27,10 @@ C_ONLY = pytest.mark.skipif(cpu_compiles_through_llvm(),
 
 
 def program(name: str, uops: list[UOp], device: str = "CPU") -> ProgramUOp:
-  return make_program(UOp(Ops.SINK, dtypes.void, (), KernelInfo(name)), device).with_linear(uops)
+  """The hand-built `uops` as `device`'s codegen would hand them over: with the shared decompositions its renderer asks for."""
+  from plugrad.codegen.decompose import decompose_linear
+  from plugrad.device.registry import Device
+  return make_program(UOp(Ops.SINK, dtypes.void, (), KernelInfo(name)), device).with_linear(decompose_linear(uops, Device[device].renderer))
 
 
 def op_kernel(op: Ops, src: tuple[DType, ...], out: DType, n: int) -> list[UOp]:

@@ -36,7 +36,7 @@ def test_base_renderer_kernels_run(cpu, name):
   kernel = suite()[name](r)
   if kernel.needs - r.capabilities: pytest.skip(f"needs {sorted(kernel.needs - r.capabilities)}")
   if "float16" in kernel.needs and not toolchain().float16: pytest.skip("the compiler has no _Float16")
-  p = kernel.program("CPU")
+  p = kernel.program("CPU", r)
   try: src = r.render(p)
   except RendererError as e:
     assert "launch indices" in str(e) and name == "global_ids"  # the base has no SPECIAL rendering of its own

@@ -13,8 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from plugrad.device.errors import CompileError, DeviceUnavailableError
 from plugrad.dtype import dtypes
+from plugrad.errors import CompileError, DeviceUnavailableError
 from plugrad.renderer.base import RendererError
 from plugrad.testing.harness import run_and_compare
 from plugrad.testing.kernels import SuiteKernel, suite
@@ -44,7 +44,7 @@ def test_suite_kernels_render_compile_and_match(cpu, llvm, name):
   from plugrad_cpu.renderer import CPURenderer
   kernel: SuiteKernel = suite()[name](llvm[0])
   if kernel.needs - llvm[0].capabilities: pytest.skip(f"needs {sorted(kernel.needs - llvm[0].capabilities)}")
-  p = kernel.program("CPU")
+  p = kernel.program("CPU", llvm[0])
   try: CPURenderer("CPU").render(p)
   except RendererError:
     with pytest.raises(RendererError): llvm[0].render(p)  # what C cannot render, LLVM refuses too
@@ -54,7 +54,7 @@ def test_suite_kernels_render_compile_and_match(cpu, llvm, name):
 
 def test_signature_and_attributes(llvm):
   from plugrad_cpu.llvm_compiler import host
-  src = llvm[0].render(suite()["symbolic_size"](llvm[0]).program("CPU"))
+  src = llvm[0].render(suite()["symbolic_size"](llvm[0]).program("CPU", llvm[0]))
   assert "define void @symbolic_size(ptr %data0, ptr %data1, i32 %var_n, i32 %core_id, i32 %core_count) #0 {" in src
   cpu_name, features = host()
   assert f'"target-cpu"="{cpu_name}"' in src and f'"target-features"="{features}"' in src and "nounwind" in src
@@ -112,7 +112,7 @@ def test_the_default_is_llvm_when_llvmlite_is_installed(monkeypatch):
 def test_small_kernels_get_the_quick_pipeline(llvm):
   # a kernel whose work is small is marked for the quick pipeline (its compile time would dominate); a big one is not
   from plugrad_cpu.llvm_compiler import QUICK_MARK
-  small = llvm[0].render(suite()["reduce_rows"](llvm[0]).program("CPU"))
+  small = llvm[0].render(suite()["reduce_rows"](llvm[0]).program("CPU", llvm[0]))
   assert small.startswith(QUICK_MARK + "\n")
   from plugrad.codegen import get_program
   from plugrad.engine.schedule import create_schedule
@@ -141,7 +141,7 @@ def test_parallel_loop_is_split(cpu, llvm):
   from plugrad_cpu.renderer import PARALLEL_MARK
   from plugrad_cpu.runtime import POOL, CPURuntime
   kernel = suite()["reduce_rows"](llvm[0])
-  p = compiled(llvm, kernel.program("CPU"))
+  p = compiled(llvm, kernel.program("CPU", llvm[0]))
   assert f"; {PARALLEL_MARK}" in p.source
   prog = CPURuntime("CPU", threads=2).load(p)
   assert prog.parallel
@@ -196,7 +196,7 @@ def test_objects_load_in_process_and_keep_their_symbols_apart(cpu, llvm):
 
 def test_no_workgroups_or_c_text(llvm):
   kernel = suite()["workgroup"](llvm[0])
-  with pytest.raises(RendererError, match="no workgroups"): llvm[0].render(kernel.program("CPU"))
+  with pytest.raises(RendererError, match="no workgroups"): llvm[0].render(kernel.program("CPU", llvm[0]))
 
 
 def test_disassemble(llvm):

@@ -72,7 +72,7 @@ def test_allocations_are_aligned_and_zero_copy(cpu):
 
 
 def test_launch_errors(cpu):
-  from plugrad.device.errors import LaunchError
+  from plugrad.errors import LaunchError
   p = ProgramRunner(program("saxpy_sin", saxpy(16)))
   with pytest.raises(LaunchError, match="takes 2 buffers, got 1"): p.lib(p.lib, vals=(3,))
   h = cpu.allocator.alloc(64)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from plugrad import Tensor, TinyJit
-from plugrad.device.errors import CompileError
 from plugrad.device.registry import Device
+from plugrad.errors import CompileError
 from plugrad.testing.kernels import suite
 from tests.cpu.helpers import cpu_compiles_through_llvm
 
@@ -22,7 +22,7 @@ def llvm_program(name: str):
   from plugrad_cpu.llvm_renderer import LLVMRenderer
   r = LLVMRenderer("CPU")
   kernel = suite()[name](r)
-  p = kernel.program("CPU")
+  p = kernel.program("CPU", r)
   src = r.render(p)
   return Device["CPU"].runtime.load(p.with_source(src).with_binary(LLVMCompiler().compile(src)))
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from plugrad.device.errors import CompileError, DeviceUnavailableError
+from plugrad.errors import CompileError, DeviceUnavailableError
 from tests.cpu.helpers import C_ONLY
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from plugrad.device.allocator import Allocator, BufferSpec
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import OutOfMemoryError
 from plugrad.dtype import dtypes
+from plugrad.errors import OutOfMemoryError
 from plugrad.helpers import Context
 
 

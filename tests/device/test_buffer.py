@@ -6,9 +6,9 @@ import pytest
 
 from plugrad.device.allocator import BufferSpec
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import UnknownDeviceError
 from plugrad.device.registry import Device
 from plugrad.dtype import dtypes
+from plugrad.errors import UnknownDeviceError
 from tests.device.test_allocator import BytesAllocator, HostAllocator
 
 NP_DTYPES = [d for d in dtypes.all if d is not dtypes.bfloat16]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from plugrad.device.compiler import Compiler, cache_path, error_line
-from plugrad.device.errors import CompileError, PluginHookError
+from plugrad.errors import CompileError, PluginHookError
 from plugrad.helpers import Context
 
 REPO = Path(__file__).resolve().parents[2]

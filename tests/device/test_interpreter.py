@@ -10,13 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from plugrad.builtin.interpreter import PythonAllocator, PythonCompiler, PythonProgram, PythonRuntime
+from plugrad.builtin.python_renderer import PythonRenderer, parse_text, render_text
+from plugrad.codegen.decompose import decompose, decompose_linear
 from plugrad.device.compiler import Compiler
-from plugrad.device.errors import CompileError, LaunchError
-from plugrad.device.interpreter import PythonAllocator, PythonCompiler, PythonProgram, PythonRuntime, threefry2x32_np
 from plugrad.dtype import AddrSpace, DType, dtypes
+from plugrad.errors import CompileError, LaunchError
 from plugrad.renderer.base import RendererError
-from plugrad.renderer.python import PythonRenderer, parse_text, render_text
-from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, exec_alu, threefry2x32
+from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, exec_alu
 from plugrad.uop.program import ProgramUOp, make_program
 
 i32 = dtypes.int32
@@ -42,9 +43,11 @@ def barrier() -> UOp: return UOp(Ops.BARRIER, dtypes.void, ())
 
 
 def build(uops: Sequence[UOp], name: str = "test_kernel", emulate: str = "") -> ProgramUOp:
-  """A PROGRAM at the binary stage, made by the PYTHON renderer and compiler."""
-  p = make_program(UOp(Ops.SINK, dtypes.void, (), KernelInfo(name)), "PYTHON").with_linear(list(uops))
-  p = p.with_source(PythonRenderer("PYTHON", emulate).render(p))
+  """A PROGRAM at the binary stage, made by the PYTHON renderer and compiler (after the shared passes: bfloat16 is
+  emulated)."""
+  ren = PythonRenderer("PYTHON", emulate)
+  p = make_program(UOp(Ops.SINK, dtypes.void, (), KernelInfo(name)), "PYTHON").with_linear(decompose_linear(list(uops), ren))
+  p = p.with_source(ren.render(p))
   return p.with_binary(PythonCompiler().compile_cached(p.source, p.name))
 
 
@@ -372,8 +375,9 @@ def test_every_alu_op_matches_exec_alu(dt: DType):
   for j, (op, keys) in enumerate(cases):
     srcs = tuple(ld[k] for k in keys)
     if op is Ops.WHERE: srcs = (ld["a"].ne(ld["b"]), ld["b"], ld["c"])
-    res = UOp(op, dtypes.bool if op in GroupOp.Comparison else dt, srcs)
-    out_globals.append(glob(len(names) + j, res.dtype, n))
+    # with the guards the codegen writes for the interpreter (division by 0 or -1, out-of-range shifts)
+    res = decompose(UOp(op, dtypes.bool if op in GroupOp.Comparison else dt, srcs), PythonRenderer("PYTHON"))
+    out_globals.append(glob(len(names) + j, dtypes.bool if op in GroupOp.Comparison else dt, n))
     effects.append(out_globals[-1].index(r).store(res))
   host = [_to_np(inputs[k], dt) for k in names]
   outs = [np.zeros(n, np.bool_) if op in GroupOp.Comparison else np.zeros_like(host[0]) for op, _ in cases]
@@ -390,16 +394,21 @@ def test_every_alu_op_matches_exec_alu(dt: DType):
       assert _same(g, want, rel), f"{op.name} {dt!r} on {args}: interpreter {g!r}, exec_alu {want!r}"
 
 
-def test_threefry_matches_the_scalar_reference():
+def test_threefry_is_lowered_and_matches_the_scalar_reference():
+  """THREEFRY reaches the interpreter only as 32-bit integer ops (codegen/decompose.py); both words, against the
+  constant folder's evaluation of the same definition."""
   n, rng = 32, np.random.default_rng(3)
-  xs = np.concatenate([np.array([0, 2**64 - 1, 1 << 32], np.uint64), rng.integers(0, 2**64 - 1, n - 3, dtype=np.uint64, endpoint=True)])
-  keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
-  out, x, k = glob(0, dtypes.uint64, n), glob(1, dtypes.uint64, n), glob(2, dtypes.uint64, n)
+  xs = np.concatenate([np.array([0, 2**32 - 1], np.uint32), rng.integers(0, 2**32 - 1, n - 2, dtype=np.uint32, endpoint=True)])
+  key = 0x0123_4567_89AB_CDEF
+  hi, lo, x = glob(0, dtypes.uint32, n), glob(1, dtypes.uint32, n), glob(2, dtypes.uint32, n)
   r = loop(n)
-  st = out.index(r).store(UOp(Ops.THREEFRY, dtypes.uint64, (x.index(r).load(), k.index(r).load())))
-  got, _, _ = run(lin(out, x, k, r, st, end(r)), np.zeros(n, np.uint64), xs, keys)
-  assert [int(v) for v in got] == [threefry2x32(int(a), int(b)) for a, b in zip(xs, keys)]
-  np.testing.assert_array_equal(threefry2x32_np(xs, keys), got)
+  xv = x.index(r).load()
+  words = [decompose(UOp(Ops.THREEFRY, dtypes.uint32, (xv, xv), (key, w)), PythonRenderer("PYTHON")) for w in (1, 0)]
+  assert not any(u.op is Ops.THREEFRY for w in words for u in w.toposort)
+  got_hi, got_lo, _ = run(lin(hi, lo, x, r, hi.index(r).store(words[0]), lo.index(r).store(words[1]), end(r)),
+                          np.zeros(n, np.uint32), np.zeros(n, np.uint32), xs)
+  for w, got in ((1, got_hi), (0, got_lo)):
+    assert [int(v) for v in got] == [exec_alu(Ops.THREEFRY, dtypes.uint32, (int(a), int(a)), (key, w)) for a in xs]
 
 
 # ---- conversions
@@ -514,7 +523,7 @@ def test_vconst_and_vector_registers_from_text():
 12 ADD int32.vec(4) (6,3)
 13 STORE void (11,12)
 """
-  from plugrad.device.interpreter import check_program
+  from plugrad.builtin.interpreter import check_program
   h = PythonAllocator("PYTHON").alloc(32)
   PythonProgram(check_program(text))(h)
   np.testing.assert_array_equal(h.view(np.int32), [5, -6, 7, -8, 10, -12, 14, -16])

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from plugrad.builtin.null import NullAllocator, NullCompiler, NullHandle, NullProgram, NullRenderer, NullRuntime
 from plugrad.device.allocator import Allocator
 from plugrad.device.compiler import Compiler
-from plugrad.device.null import NullAllocator, NullCompiler, NullHandle, NullProgram, NullRenderer, NullRuntime
 from plugrad.device.runtime import Runtime
 from plugrad.dtype import dtypes
 from plugrad.renderer.base import Renderer, RendererError

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import CompileError, LaunchError
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.dtype import dtypes
+from plugrad.errors import CompileError, LaunchError
 from plugrad.helpers import Context
 from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp, Variable
 from plugrad.uop.program import ProgramUOp, make_program

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from plugrad.device.errors import CompileError, LaunchError
+from plugrad.builtin.python_renderer import PythonRenderer
 from plugrad.dtype import dtypes
-from plugrad.renderer.python import PythonRenderer
+from plugrad.errors import CompileError, LaunchError
 from plugrad.renderer.tensor_cores import (
   AMD_TENSOR_CORES,
   CUDA_TENSOR_CORES,

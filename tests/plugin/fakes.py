@@ -51,25 +51,25 @@ class PyClone:
   @hookimpl
   def plugrad_renderer(self, device: str) -> Any:
     if not self._mine("renderer", device): return None
-    from plugrad.renderer.python import PythonRenderer
+    from plugrad.builtin.python_renderer import PythonRenderer
     return PythonRenderer(device)
 
   @hookimpl
   def plugrad_compiler(self, device: str, renderer: Any) -> Any:
     if not self._mine("compiler", device): return None
-    from plugrad.device.interpreter import PythonCompiler
+    from plugrad.builtin.interpreter import PythonCompiler
     return PythonCompiler()
 
   @hookimpl
   def plugrad_allocator(self, device: str) -> Any:
     if not self._mine("allocator", device): return None
-    from plugrad.device.interpreter import PythonAllocator
+    from plugrad.builtin.interpreter import PythonAllocator
     return PythonAllocator(device)
 
   @hookimpl
   def plugrad_runtime(self, device: str) -> Any:
     if not self._mine("runtime", device): return None
-    from plugrad.device.interpreter import PythonRuntime
+    from plugrad.builtin.interpreter import PythonRuntime
     return PythonRuntime(device)
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from plugrad.device.errors import PluginAPIVersionError, PluginConflictError, PluginLoadError, UnknownDeviceError
 from plugrad.device.registry import DeviceRegistry
+from plugrad.errors import PluginAPIVersionError, PluginConflictError, PluginLoadError, UnknownDeviceError
 from plugrad.plugin import API_VERSION, DeviceSpec, hookimpl
 from plugrad.plugin.manager import PluginManager, PluginWarning, normalize_dist
 from tests.plugin.fakes import FakeEntryPoint, PyClone, manager
@@ -27,7 +27,7 @@ md.entry_points = lambda *a, **k: calls.append(1) or orig(*a, **k)
 import plugrad, plugrad.plugin, plugrad.device.registry, plugrad.device.buffer, plugrad.device.runner
 m = sys.modules["plugrad.plugin.manager"]
 print(json.dumps({"entry_points_read": len(calls), "manager_loaded": m._manager is not None and m._manager.loaded,
-                  "builtin_imported": "plugrad.plugin.builtin" in sys.modules}))
+                  "builtin_imported": "plugrad.builtin.plugin" in sys.modules}))
 """
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
   assert json.loads(out) == {"entry_points_read": 0, "manager_loaded": False, "builtin_imported": False}
@@ -49,7 +49,7 @@ def test_builtins_register_through_the_hooks():
   mgr = manager()
   (rec,) = mgr.records()
   assert (rec.name, rec.distribution, rec.status, rec.devices, rec.api, rec.builtin) == \
-    ("builtin", "plugrad", "active", ("PYTHON", "NULL"), "1.0", True)
+    ("builtin", "plugrad", "active", ("PYTHON", "NULL"), "2.0", True)
   assert mgr.entry("python").spec.priority == 0 and mgr.entry("NULL").spec.priority == -100
 
 

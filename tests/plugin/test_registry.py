@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from plugrad.device.errors import (
+from plugrad.device.registry import CompiledDevice, Device, DeviceRegistry
+from plugrad.errors import (
   DeviceUnavailableError,
   InvalidDeviceStringError,
   PluginHookError,
   UnknownDeviceError,
 )
-from plugrad.device.registry import CompiledDevice, Device, DeviceRegistry
 from plugrad.plugin import hookimpl
 from plugrad.plugin.manager import FIRST_PARTY, get_manager
 from tests.plugin.fakes import FakeEntryPoint, Override, PyClone, manager
@@ -93,7 +93,7 @@ def test_wrong_type_from_a_hook_names_hook_device_and_distribution():
 
 
 def test_tryfirst_overrides_one_component_of_another_plugins_device():
-  from plugrad.renderer.python import PythonRenderer
+  from plugrad.builtin.python_renderer import PythonRenderer
 
   class LoudRenderer(PythonRenderer):
     pass

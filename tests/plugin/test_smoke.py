@@ -5,8 +5,8 @@ from typing import Any
 
 import numpy as np
 
-from plugrad.device.errors import CompileError
 from plugrad.device.smoke import SMOKE_NAME, SMOKE_SIZE, run_smoke, smoke_input, smoke_program
+from plugrad.errors import CompileError
 from plugrad.plugin import device_name, hookimpl
 from plugrad.uop.spec import check
 from tests.plugin.fakes import FakeEntryPoint, PyClone, manager
@@ -32,7 +32,7 @@ class Idle(PyClone):
   @hookimpl(tryfirst=True)
   def plugrad_runtime(self, device: str) -> Any:
     if device_name(device) != "IDLE": return None
-    from plugrad.device.interpreter import PythonRuntime
+    from plugrad.builtin.interpreter import PythonRuntime
 
     class IdleRuntime(PythonRuntime):
       def load(self, program: Any) -> Any:
@@ -45,7 +45,7 @@ class Unbuildable(PyClone):
   @hookimpl(tryfirst=True)
   def plugrad_compiler(self, device: str) -> Any:
     if device_name(device) != "UNBUILDABLE": return None
-    from plugrad.device.interpreter import PythonCompiler
+    from plugrad.builtin.interpreter import PythonCompiler
 
     class Failing(PythonCompiler):
       cache_key = None

@@ -1,14 +1,12 @@
-"""The third-party path, end to end: real distributions built with setuptools and installed with pip into a fresh venv.
-
-The venv is made with `--system-site-packages` to save time: plugrad itself is installed (editable) in the system
-site-packages, so the venv sees it, while the throwaway plugins go only into the venv. Three distributions:
+"""The third-party path, end to end: real distributions, each built in its own isolated build environment (pip's
+default PEP 517 build isolation) and installed into a brand-new virtual environment that sees nothing of this one:
+plugrad itself is built from core/ into a wheel there, with its dependencies from the package index. Four plugins:
 
 * plugrad-thirdpy: a working device THIRDPY that reuses the PYTHON device's components (priority 7);
 * plugrad-brokenpy: raises at import (it needs a driver module that does not exist);
 * plugrad-futurepy: built for the next plugin API major version;
-* plugrad-mydev: the minimal plugin of docs/writing-a-backend.md, copied from the page as a reader would.
-
-Building a setuptools wheel needs `wheel` (or setuptools >= 70.1); the dev extras install it.
+* plugrad-mydev: the minimal backend of docs/writing-a-backend.md (C through cc and ctypes), copied from the page
+  as a reader would, and written only against `plugrad.backend`.
 """
 from __future__ import annotations
 
@@ -20,9 +18,10 @@ import subprocess
 import textwrap
 import venv
 
+import numpy as np
 import pytest
 
-from plugrad.plugin import API_VERSION
+from plugrad.backend import API_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +29,7 @@ API = f"({API_VERSION[0]}, {API_VERSION[1]})"  # what these plugins are "built f
 
 PLUGINS: dict[str, str] = {
   "thirdpy": f'''
-from plugrad.plugin import DeviceSpec, device_name, hookimpl
+from plugrad.backend import DeviceSpec, device_name, hookimpl
 
 @hookimpl
 def plugrad_devices():
@@ -39,32 +38,32 @@ def plugrad_devices():
 @hookimpl
 def plugrad_renderer(device):
   if device_name(device) != "THIRDPY": return None
-  from plugrad.renderer.python import PythonRenderer
+  from plugrad.builtin.python_renderer import PythonRenderer
   return PythonRenderer(device)
 
 @hookimpl
 def plugrad_compiler(device, renderer):
   if device_name(device) != "THIRDPY": return None
-  from plugrad.device.interpreter import PythonCompiler
+  from plugrad.builtin.interpreter import PythonCompiler
   return PythonCompiler()
 
 @hookimpl
 def plugrad_allocator(device):
   if device_name(device) != "THIRDPY": return None
-  from plugrad.device.interpreter import PythonAllocator
+  from plugrad.builtin.interpreter import PythonAllocator
   return PythonAllocator(device)
 
 @hookimpl
 def plugrad_runtime(device):
   if device_name(device) != "THIRDPY": return None
-  from plugrad.device.interpreter import PythonRuntime
+  from plugrad.builtin.interpreter import PythonRuntime
   return PythonRuntime(device)
 ''',
   "brokenpy": '''
 import brokenpy_driver_sdk  # not installed: importing this plugin fails
 ''',
   "futurepy": f'''
-from plugrad.plugin import DeviceSpec, hookimpl
+from plugrad.backend import DeviceSpec, hookimpl
 
 @hookimpl
 def plugrad_devices():
@@ -78,17 +77,21 @@ def plugrad_renderer(device):
 
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "writing-a-backend.md"
+CORE = pathlib.Path(__file__).resolve().parents[2] / "core"
 
 
 def _doc_example(root: pathlib.Path) -> pathlib.Path:
-  """The distribution shown in the "A complete minimal plugin" section of the doc, from its first toml and python blocks."""
-  section = DOC.read_text().split("## A complete minimal plugin", 1)[1].split("\n## ", 1)[0]
-  toml, py = (section.split(f"```{lang}\n", 1)[1].split("```", 1)[0] for lang in ("toml", "python"))
+  """The distribution shown in the "A complete minimal backend" section of the doc: its toml block, and each python
+  block whose first line names its file (`# plugrad_mydev/device.py`)."""
+  section = DOC.read_text().split("## A complete minimal backend", 1)[1].split("\n## ", 1)[0]
   d = root / "plugrad-mydev"
   (d / "plugrad_mydev").mkdir(parents=True)
-  (d / "pyproject.toml").write_text(toml)
+  (d / "pyproject.toml").write_text(section.split("```toml\n", 1)[1].split("```", 1)[0])
   (d / "plugrad_mydev" / "__init__.py").write_text("")
-  (d / "plugrad_mydev" / "plugin.py").write_text(py)
+  blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+  files = {b.split("\n", 1)[0].removeprefix("# "): b for b in blocks if b.startswith("# plugrad_mydev/")}
+  assert {"plugrad_mydev/plugin.py", "plugrad_mydev/device.py"} <= set(files), f"the doc's example blocks are {sorted(files)}"
+  for name, code in files.items(): (d / name).write_text(code)
   return d
 
 
@@ -118,17 +121,17 @@ def _write_dist(root: pathlib.Path, name: str, module: str) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def venv_python(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-  import setuptools
-  if importlib.util.find_spec("wheel") is None and tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1):
-    pytest.fail("building the test plugins needs the 'wheel' package or setuptools >= 70.1: pip install -e './core[dev]'")
   root = tmp_path_factory.mktemp("thirdparty")
-  venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+  venv.EnvBuilder(system_site_packages=False, with_pip=True).create(root / "venv")
   py = root / "venv" / "bin" / "python"
   dists = [str(_write_dist(root / "src", n, m)) for n, m in PLUGINS.items()] + [str(_doc_example(root / "src"))]
-  # pip comes from the system site-packages (the venv has none of its own, which is faster to create)
-  proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--disable-pip-version-check", *dists],
-                        capture_output=True, text=True, env=_env(), cwd=root)
-  assert proc.returncode == 0, f"pip install of the test plugins failed:\n{proc.stdout}\n{proc.stderr}"
+  # as a stranger installs: plugrad from its own wheel, each plugin built in isolation; pytest for the conformance run
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}  # nothing of this interpreter's path leaks in
+  proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(CORE), "pytest", *dists],
+                        capture_output=True, text=True, cwd=root, timeout=900, env=env)
+  assert proc.returncode == 0, f"pip install of plugrad and the test plugins failed:\n{proc.stdout}\n{proc.stderr}"
+  where = _run(py, "-c", "import plugrad, plugrad_mydev; print(plugrad.__file__)").stdout
+  assert str(CORE) not in where and "site-packages" in where, f"the venv must use its own plugrad, got {where}"
   return py
 
 
@@ -170,8 +173,8 @@ def test_dev_selects_it_and_the_smoke_kernel_passes(venv_python: pathlib.Path):
 def test_broken_plugin_leaves_everything_else_working(venv_python: pathlib.Path):
   code = textwrap.dedent("""
     import json, sys
-    import plugrad, plugrad.device.registry
-    from plugrad.device.registry import Device
+    import plugrad
+    from plugrad import Device
     from plugrad.device.smoke import run_smoke
     lazy = not any(m.startswith(("plugrad_brokenpy", "plugrad_thirdpy", "plugrad_futurepy")) for m in sys.modules)
     out = {"lazy": lazy, "python": run_smoke("PYTHON").verdict, "thirdpy": run_smoke("THIRDPY").verdict}
@@ -190,7 +193,7 @@ def test_broken_plugin_leaves_everything_else_working(venv_python: pathlib.Path)
   assert plugins["brokenpy"]["status"].startswith("failed: importing 'plugrad_brokenpy.plugin' raised ModuleNotFoundError")
   assert "brokenpy_driver_sdk" in plugins["brokenpy"]["status"]
   # PLUGRAD_STRICT_PLUGINS=1 turns the same failure into an error at first device use (but never at import)
-  strict = _run(venv_python, "-c", "import plugrad.device.registry as r; r.Device['PYTHON']", PLUGRAD_STRICT_PLUGINS="1")
+  strict = _run(venv_python, "-c", "from plugrad import Device; Device['PYTHON']", PLUGRAD_STRICT_PLUGINS="1")
   assert strict.returncode != 0 and "PluginLoadError" in strict.stderr and "plugrad-brokenpy" in strict.stderr
 
 
@@ -204,11 +207,26 @@ def test_plugin_for_the_next_api_major_is_refused(venv_python: pathlib.Path):
   assert proc.returncode == 1 and row["smoke"] == "FAIL" and row["detail"].startswith("PluginAPIVersionError") and want in row["detail"]
 
 
-def test_the_documented_example_plugin_works(venv_python: pathlib.Path):
+def test_the_documented_example_backend_works(venv_python: pathlib.Path):
   proc = _run(venv_python, "-m", "plugrad", "devices", "--json", "MY", DEV="my")  # by its alias
   rep = json.loads(proc.stdout)
   assert proc.returncode == 0 and rep["default"] == "MYDEV", proc.stdout + proc.stderr
   assert rep["devices"][0]["smoke"] == "PASS" and rep["devices"][0]["distribution"] == "plugrad-mydev"
+  code = textwrap.dedent("""
+    import json
+    import numpy as np
+    from plugrad import Tensor
+    a = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), requires_grad=True)
+    y = (((a @ a.T).relu().sum(1) + a.max()) * 0.01).exp().log() * 100
+    y.sum().backward()
+    print(json.dumps({"device": a.device, "y": y.numpy().tolist(), "grad": a.grad.numpy().tolist()}))
+  """)
+  proc = _run(venv_python, "-c", code, DEV="MYDEV")
+  assert proc.returncode == 0, proc.stderr
+  out, a = json.loads(proc.stdout), np.arange(12, dtype=np.float32).reshape(3, 4)
+  assert out["device"] == "MYDEV"
+  np.testing.assert_allclose(out["y"], np.maximum(a @ a.T, 0).sum(1) + a.max(), rtol=1e-5)
+  np.testing.assert_allclose(out["grad"], np.tile(2 * a.sum(0), (3, 1)) + 3 * (a == a.max()), rtol=1e-5)
 
 
 def _conformance_modules() -> list[pathlib.Path]:

@@ -244,12 +244,16 @@ def test_import_is_light():
   assert out == ["True", "False", "False"], out
 
 
-def test_random_words_from_32_bit_ops_match_threefry():
-  """Devices without 64-bit integers draw with 32-bit ops: the high word of the same threefry output, carry included."""
+def test_random_words_are_threefry_of_the_counter():
+  """Every device draws with 32-bit ops: both words of Threefry-2x32 of offset + i, the carry into the counter's high
+  word included, against the independent numpy oracle."""
   from plugrad.tensor import random as rnd
-  from plugrad.uop.ops import threefry2x32
+  from plugrad.testing.kernels import _np_threefry
   Tensor.manual_seed(123456789012345)
   for offset in (0, 2**32 - 5):  # the second crosses into the counter's high word
-    got = Tensor._wrap(rnd._threefry_high_word(10, "CPU", offset)).numpy()
-    want = [threefry2x32(offset + i, rnd._RNG.seed) >> 32 for i in range(10)]
-    assert got.dtype == np.uint32 and got.tolist() == want
+    rnd._RNG.offsets["CPU"] = offset
+    got = Tensor._wrap(rnd.random_bits(10, "CPU", 64)).numpy()
+    want = _np_threefry(np.arange(offset, offset + 10, dtype=np.uint64), rnd._RNG.seed)
+    assert got.dtype == np.uint64 and got.tolist() == want.tolist()
+    rnd._RNG.offsets["CPU"] = offset
+    assert Tensor._wrap(rnd.random_bits(10, "CPU")).numpy().tolist() == (want >> np.uint64(32)).tolist()

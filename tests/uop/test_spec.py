@@ -138,7 +138,7 @@ def test_kernel_accepted():
   (lambda: UOp(Ops.IDIV, f32, (const(f32, 1.0), const(f32, 2.0))), "IDIV needs an integer dtype"),
   (lambda: UOp(Ops.FDIV, i32, (const(i32, 1), const(i32, 2))), "FDIV needs a float dtype"),
   (lambda: UOp(Ops.XOR, f32, (const(f32, 1.0), const(f32, 2.0))), "XOR needs an integer or bool dtype"),
-  (lambda: UOp(Ops.THREEFRY, i32, (const(i32, 1), const(i32, 2))), "THREEFRY needs uint64"),
+  (lambda: UOp(Ops.THREEFRY, i32, (const(i32, 1), const(i32, 2))), "THREEFRY needs uint32"),
   (lambda: UOp(Ops.BITCAST, dtypes.float64, (const(f32, 1.0),)), "BITCAST needs a source of the same byte size (4 bytes → 8)"),
   (lambda: UOp(Ops.BITCAST, dtypes.int8, (const(dtypes.bool, True),)), "BITCAST cannot involve bool"),
   (lambda: UOp(Ops.CAST, f32.vec(2), (const(i32, 1),)), "same vector width"),

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import CompileError, DeviceUnavailableError, UnsupportedDTypeError
 from plugrad.device.runner import ProgramRunner
 from plugrad.dtype import dtypes
+from plugrad.errors import CompileError, DeviceUnavailableError, UnsupportedDTypeError
 from plugrad.testing.kernels import LinearBuilder, SuiteKernel
 from plugrad.uop.ops import Ops, UOp
 
@@ -39,7 +39,7 @@ def test_folded_launch_past_the_per_dimension_limit(webgpu):
   out = k.glob(0, I32, n)
   g = k.emit(UOp(Ops.SPECIAL, I32, (k.const(I32, n),), "gidx0"))
   k.store(out, g, k.alu(Ops.MUL, g, k.const(I32, 3)))
-  prog = SuiteKernel("folded", k.linear, {}, {}, {0: n}, {0: I32}).program("WEBGPU")
+  prog = SuiteKernel("folded", k.linear, {}, {}, {0: n}, {0: I32}).program("WEBGPU", webgpu.renderer)
   buf = Buffer("WEBGPU", n, I32).copyin(np.full(n, -1, np.int32).data.cast("B"))
   ProgramRunner(prog)([buf], {}, wait=True)
   np.testing.assert_array_equal(buf.numpy(), np.arange(n, dtype=np.int32) * 3)

@@ -1,7 +1,8 @@
 """The codegen pipeline: kernel AST (stage 2) → PROGRAM UOp, grown stage by stage and checked by the spec.
 
     optimize (actions: given, KernelInfo.opts_to_apply, BEAM search or the hand-coded heuristics; docs/optimizer.md)
-    → lower (group reductions, workgroup dims, expand UPCAST/UNROLL, reductions → accumulators) → linearize → render
+    → lower (group reductions, workgroup dims, expand UPCAST/UNROLL, reductions → accumulators)
+    → decompose (the shared semantics passes the renderer's flags ask for, codegen/decompose.py) → linearize → render
 
 `get_program(ast, renderer)` returns the PROGRAM at the SOURCE stage; the device's compiler adds the BINARY.
 `DEBUG=2` prints each new kernel's applied actions and estimates, `DEBUG=4` the source, `DEBUG=5` the AST.
@@ -9,12 +10,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from plugrad.codegen.decompose import decompose
 from plugrad.codegen.expand import expand
 from plugrad.codegen.linearize import linearize
 from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, simplify_gated_indices, split_ends
 from plugrad.codegen.opt import BEAM, NOOPT, Opt, Scheduler, hand_coded_optimizations
+from plugrad.codegen.opt.search import CandidateTimer
 from plugrad.helpers import DEBUG
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import KernelInfo, Ops, UOp
@@ -27,16 +30,17 @@ _cache: dict[tuple, ProgramUOp] = {}
 codegen_seconds = [0.0]  # total time spent here (the benchmark reads it)
 
 
-def optimize(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> UOp:
-  """The optimized AST: `opts` when given, else the AST's `KernelInfo.opts_to_apply`, else BEAM search when BEAM > 0,
-  else the hand-coded heuristics (none with NOOPT=1). The applied actions are in the result's KernelInfo."""
+def optimize(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None, timer: Callable[[Renderer], CandidateTimer] | None = None) -> UOp:
+  """The optimized AST: `opts` when given, else the AST's `KernelInfo.opts_to_apply`, else BEAM search when BEAM > 0
+  (candidates timed by `timer(renderer)`: the device layer passes its own), else the hand-coded heuristics (none with
+  NOOPT=1). The applied actions are in the result's KernelInfo."""
   info = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
   if opts is None and info.opts_to_apply is not None: opts = tuple(info.opts_to_apply)
   k = Scheduler(ast.replace(arg=KernelInfo(info.name, (), None, info.dont_use_locals)), renderer)
   if opts is not None: k.apply_opts(list(opts))
   elif BEAM.value >= 1 and not info.applied_opts:
     from plugrad.codegen.opt.search import beam_search
-    k = beam_search(k, BEAM.value)
+    k = beam_search(k, BEAM.value, timer)
   elif not NOOPT: k = hand_coded_optimizations(k)
   return k.get_optimized_ast()
 
@@ -48,10 +52,11 @@ def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
   lowered = graph_rewrite(expand(lowered, renderer.vector_width), symbolic, name="gpudims")
   lowered = simplify_gated_indices(lowered, lambda u: graph_rewrite(u, symbolic, name="gated index"))
   lowered = split_ends(lower_reduces(lowered))
-  return linearize(lowered)
+  return linearize(decompose(lowered, renderer))
 
 
-def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> ProgramUOp:
+def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None,
+                timer: Callable[[Renderer], CandidateTimer] | None = None) -> ProgramUOp:
   """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST, renderer kind and actions)."""
   if ast.op is not Ops.SINK: raise TypeError(f"get_program needs a kernel AST (a SINK), got {ast.op!r}")
   key = (ast, type(renderer), renderer.device, getattr(renderer, "emulate", None), None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
@@ -59,7 +64,7 @@ def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None)
   start = time.perf_counter()
   maybe_check("kernel", ast)
   if DEBUG >= 5: print(ast)
-  opt_ast = optimize(ast, renderer, opts)
+  opt_ast = optimize(ast, renderer, opts, timer)
   prg = make_program(opt_ast, renderer.device).with_linear(lower(opt_ast, renderer))
   prg = prg.with_source(renderer.render(prg))
   codegen_seconds[0] += time.perf_counter() - start

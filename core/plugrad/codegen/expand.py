@@ -17,8 +17,40 @@ from plugrad.uop.ops import AxisType, GroupOp, Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import symbolic
 
+_simp_memo: dict[UOp, UOp] = {}
 
-def _simp(u: UOp) -> UOp: return graph_rewrite(u, symbolic, name="expand index")
+
+def _simp(u: UOp) -> UOp:
+  """`u` simplified, memoized: the optimizer and the expander ask about the same index expressions again and again (every
+  candidate action, every kernel of a repeated layer). The memo holds its keys alive, so it is dropped when it grows."""
+  if (ret := _simp_memo.get(u)) is None:
+    if len(_simp_memo) >= 4096: _simp_memo.clear()
+    ret = _simp_memo[u] = graph_rewrite(u, symbolic, name="expand index")
+  return ret
+
+
+def linear_terms(idx: UOp) -> tuple[dict[UOp, int], int]:
+  """`idx` as {term: coefficient} and a constant, through ADD and products with constants (no rewriting); a term is any
+  other node (a range, a div/mod, a product of two ranges)."""
+  coeffs: dict[UOp, int] = {}
+  k0, stack = 0, [(idx, 1)]
+  while stack:
+    u, m = stack.pop()
+    if u.op is Ops.ADD: stack += [(s, m) for s in u.src]
+    elif u.op is Ops.CONST: k0 += u.arg * m
+    elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: stack.append((u.src[0], m * u.src[1].arg))
+    elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: stack.append((u.src[1], m * u.src[0].arg))
+    else: coeffs[u] = coeffs.get(u, 0) + m
+  return coeffs, k0
+
+
+def linear_coefficient(idx: UOp, v: UOp) -> int | None:
+  """The coefficient of `v` in index `idx` when `idx` is linear in it (v appears only as a term of the sum, not inside a
+  div/mod or another non-linear term), else None. Exact for `dtypes.index` (no wrap-around), so no rewrite is needed."""
+  if idx.dtype is not dtypes.index: return None
+  coeffs, _ = linear_terms(idx)
+  if any(t is not v and v in t.toposort for t in coeffs): return None
+  return coeffs.get(v, 0)
 
 
 def _size(r: UOp) -> int:
@@ -28,6 +60,35 @@ def _size(r: UOp) -> int:
 
 def _combos(rs: list[UOp]) -> list[dict[UOp, UOp]]:
   return [{r: UOp.const(dtypes.index, c) for r, c in zip(rs, cs)} for cs in itertools.product(*(range(_size(r)) for r in rs))]
+
+
+class _Copier:
+  """Copies of `root` with its ranges `rs` replaced, rebuilding only the nodes that depend on them (found once): a copy
+  costs what it changes, not the whole body again (a matmul's epilogue, a PACK's loops)."""
+  def __init__(self, root: UOp, rs: list[UOp]):
+    self.root, self.dep = root, _dependents(root, set(rs))
+
+  def copy(self, mapping: dict[UOp, UOp]) -> tuple[UOp, dict[UOp, UOp]]:
+    """The copy and each replaced node's image."""
+    done = dict(mapping)
+    for u in self.dep: done[u] = UOp(u.op, u.dtype, tuple(done.get(s, s) for s in u.src), u.arg)
+    return done.get(self.root, self.root), done
+
+  def vectorize(self, mapping: dict[UOp, UOp], vax: UOp, lane: UOp, width: int, lane_dep: list[UOp]) -> tuple[UOp, _Vectorizer]:
+    """The copy for `mapping` (which sends `vax` to an expression of `lane`) and its vectorizer; the lane-dependent nodes
+    are the images of `lane_dep` (the nodes depending on `vax`), no new walk of the copy."""
+    g, done = self.copy(mapping)
+    return g, _Vectorizer(lane, width, g, {lane, mapping[vax], *(done[u] for u in lane_dep)})
+
+
+def _dependents(root: UOp, keys: set[UOp]) -> list[UOp]:
+  """The nodes of `root` that depend on one of `keys` (the keys excluded), sources first."""
+  seen, out = set(keys), []
+  for u in root.toposort:
+    if u not in seen and any(s in seen for s in u.src):
+      seen.add(u)
+      out.append(u)
+  return out
 
 
 def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
@@ -46,18 +107,19 @@ def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
       loads = [x.src[0].src[1] for x in val.toposort if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX]
       vax = next((r for r in reversed(unr) if allow_vec and u.dtype.count == 1 and _size(r) % vector_width == 0 and
                   not any(x.op in (Ops.WMMA, Ops.REDUCE) for x in val.toposort) and any(_contiguous(ix, r) is not None for ix in loads)), None)
+      copier = _Copier(val, unr)
       if vax is None:
-        copies = [val.substitute(c) for c in _combos(unr)]
+        copies = [copier.copy(c)[0] for c in _combos(unr)]
         value = copies[0] if len(copies) == 1 else UOp(Ops.UNROLL, u.dtype, tuple(copies))
         done[u] = UOp(Ops.REDUCE, u.dtype, (value, *rest), u.arg)
         continue
       lane = UOp.range(vector_width, marker_id, AxisType.UNROLL)
       vdt = u.dtype.vec(vector_width)
-      vcopies = []
+      vcopies, lane_dep = [], _dependents(val, {vax})
       for c in _combos([r for r in unr if r is not vax]):
         for chunk in range(_size(vax) // vector_width):
-          g = val.substitute({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane})
-          vcopies.append(_Vectorizer(lane, vector_width, g).vec_or_bcast(g))
+          g, vz = copier.vectorize({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane}, vax, lane, vector_width, lane_dep)
+          vcopies.append(vz.vec_or_bcast(g))
       vred = UOp(Ops.REDUCE, vdt, (vcopies[0] if len(vcopies) == 1 else UOp(Ops.UNROLL, vdt, tuple(vcopies)), *rest), u.arg)
       out = vred.gep(0)
       for lane_n in range(1, vector_width): out = UOp(u.arg, u.dtype, (out, vred.gep(lane_n)))
@@ -80,19 +142,33 @@ def _contiguous(idx: UOp, v: UOp) -> UOp | None:
     base = rest[0] if rest else UOp.const(dtypes.index, 0)
     for t in rest[1:]: base = base + t
     return base
+  # linear in `v` (e.g. `(0+v)*1` as the optimizer builds it): decided from the coefficient without the simplifier, which
+  # per lane and per load was most of a wide kernel's expansion time; only a `v` under a div/mod needs the simplifier.
+  # The base is left as it is: lower() simplifies the whole expanded kernel in one rewrite
+  if (k := linear_coefficient(idx, v)) is not None: return idx.substitute({v: UOp.const(dtypes.index, 0)}) if k == 1 else None
   base = _simp(idx.substitute({v: UOp.const(dtypes.index, 0)}))
   return base if _simp(idx) is _simp(base + v) else None
 
 
 class _Vectorizer:
-  def __init__(self, v: UOp, width: int, root: UOp):
+  def __init__(self, v: UOp, width: int, root: UOp, dep: set[UOp] | None = None):
     self.v, self.w = v, width
-    self.dep: set[UOp] = set()
-    for u in root.toposort:
-      if u is v or any(s in self.dep for s in u.src): self.dep.add(u)
+    if dep is None:
+      dep = set()
+      for u in root.toposort:
+        if u is v or any(s in dep for s in u.src): dep.add(u)
+    self.dep = dep  # the nodes that depend on the lane
     self.memo: dict[UOp, UOp] = {}
 
-  def lanes(self, u: UOp) -> list[UOp]: return [u.substitute({self.v: UOp.const(dtypes.index, c)}) for c in range(self.w)]
+  def lanes(self, u: UOp) -> list[UOp]:
+    """`u` at each lane: one walk rebuilding only what depends on the lane (the rest is shared, not copied per lane). Not
+    simplified here: lower() simplifies the whole expanded kernel in one rewrite, each shared subexpression once."""
+    done: dict[UOp, tuple[UOp, ...]] = {self.v: tuple(UOp.const(dtypes.index, c) for c in range(self.w))}
+    for n in u.toposort:
+      if n in done or n not in self.dep: continue
+      srcs = [done.get(s) or (s,) * self.w for s in n.src]
+      done[n] = tuple(UOp(n.op, n.dtype, tuple(s[c] for s in srcs), n.arg) for c in range(self.w))
+    return list(done[u]) if u in done else [u] * self.w
 
   def bcast(self, u: UOp) -> UOp:
     if u.op is Ops.CONST: return UOp.const(u.dtype.vec(self.w), u.arg)
@@ -112,24 +188,22 @@ class _Vectorizer:
       gate = ix.src[2] if len(ix.src) > 2 else None
       if (gate is None or gate not in self.dep) and ix.src[0] not in self.dep and (base := _contiguous(ix.src[1], self.v)) is not None:
         return UOp(Ops.LOAD, u.dtype.vec(w), (ix.replace(src=(ix.src[0], base, *ix.src[2:])), *u.src[1:]))
-      return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(_simp(x) for x in self.lanes(u)))
+      return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(self.lanes(u)))
     if u.op is Ops.STORE:
       ix, val = u.src[0], u.src[1]
       gate = ix.src[2] if len(ix.src) > 2 else None
       vval = self.vec_or_bcast(val)
       if (gate is None or gate not in self.dep) and (base := _contiguous(ix.src[1], self.v)) is not None:
         return UOp(Ops.STORE, dtypes.void, (ix.replace(src=(ix.src[0], base, *ix.src[2:])), vval))
-      return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (_simp(lx), vval.gep(c))) for c, lx in enumerate(self.lanes(ix))))
+      return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (lx, vval.gep(c))) for c, lx in enumerate(self.lanes(ix))))
     if u.op is Ops.GROUP: return UOp(Ops.GROUP, dtypes.void, tuple(self.vec(s) for s in u.src))
     if u.op is Ops.REDUCE: return UOp(Ops.REDUCE, u.dtype.vec(w), (self.vec_or_bcast(u.src[0]), *u.src[1:]), u.arg)
     if u.op is Ops.UNROLL: return UOp(Ops.UNROLL, u.dtype.vec(w), tuple(self.vec_or_bcast(s) for s in u.src))
     value = not isinstance(u.dtype, PtrDType) and u.dtype.count == 1 and u.dtype is not dtypes.index and u.dtype is not dtypes.void
     if value and (u.op in GroupOp.ALU or u.op is Ops.CAST) and all(s.dtype.count == 1 and s.dtype is not dtypes.index for s in u.src):
       srcs = tuple(self.vec_or_bcast(s) for s in u.src)
-      if u.op is Ops.THREEFRY:  # scalar only (spec): one per lane on the vectorized operands
-        return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(UOp(u.op, u.dtype, tuple(s.gep(c) for s in srcs), u.arg) for c in range(w)))
       return UOp(u.op, u.dtype.vec(w), srcs, u.arg)
-    if value: return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(_simp(x) for x in self.lanes(u)))
+    if value: return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(self.lanes(u)))
     raise ValueError(f"the expander cannot vectorize a {u.op.name} of {u.dtype!r}")
 
 
@@ -161,15 +235,16 @@ def expand(ast: UOp, vector_width: int = 1) -> UOp:
     body, others = end.src[0], tuple(r for r in end.src[1:] if r.arg[1] is not AxisType.UPCAST)
     vax = _vector_axis(body, ups, vector_width)
     parts: list[UOp] = []
+    copier = _Copier(body, ups)
     if vax is None:
-      parts = [body.substitute(c) for c in _combos(ups)]
+      parts = [copier.copy(c)[0] for c in _combos(ups)]
     else:
       lane = UOp.range(vector_width, marker_id, AxisType.UPCAST)
-      rest = [r for r in ups if r is not vax]
+      rest, lane_dep = [r for r in ups if r is not vax], _dependents(body, {vax})
       for c in _combos(rest):
         for chunk in range(_size(vax) // vector_width):
-          g = body.substitute({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane})
-          parts.append(_Vectorizer(lane, vector_width, g).vec(g))
+          g, vz = copier.vectorize({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane}, vax, lane, vector_width, lane_dep)
+          parts.append(vz.vec(g))
     group = parts[0] if len(parts) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(parts))
     new.append(UOp(Ops.END, dtypes.void, (group, *others)) if others else group)
   return ast.replace(src=tuple(new))

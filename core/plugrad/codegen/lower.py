@@ -227,7 +227,9 @@ def simplify_gated_index(idx: UOp, gate: UOp, simplify: Callable[[UOp], UOp]) ->
   bounds X, so X is replaced by a variable with those bounds, the index simplified (a division whose quotient the
   bound makes constant folds away, a modulo that cannot wrap drops), and the variables put back. A padded window's
   index (the sums of a convolution's input gradient) loses most of its divisions this way. Valid because a gated
-  access reads or writes nothing where the gate is false."""
+  access reads or writes nothing where the gate is false. Not for an index that loads (a gather's): what the gate says
+  would also drop the gates of those loads, which run before the gated access and would then read out of bounds."""
+  if any(u.op is Ops.LOAD for u in idx.toposort): return idx
   back: dict[UOp, UOp] = {}
   new = idx
   for n, c in enumerate(_clauses(gate)):

@@ -10,7 +10,7 @@ import gc
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from plugrad.device.errors import OutOfMemoryError
+from plugrad.errors import OutOfMemoryError
 from plugrad.helpers import ContextVar
 
 H = TypeVar("H")  # a backend's handle type (a pointer int, a ctypes buffer, a memoryview, a driver object ...)

@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from plugrad.device.errors import CompileError, PluginHookError
+from plugrad.errors import CompileError, PluginHookError
 from plugrad.helpers import CACHE, DEBUG, cache_dir
 
 _TABLE = "compile_v1"  # bump the suffix when the stored format changes

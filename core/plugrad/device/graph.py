@@ -20,7 +20,7 @@ What this base precomputes, so a subclass only patches what changes:
 A subclass builds its native graph in `__init__` (after `super().__init__`), raising `GraphError` (or any error) when
 it cannot: the JIT then replays that batch kernel by kernel and says why at DEBUG>=1. It implements `__call__`.
 The base lives at the device layer so a backend (and the built-in PYTHON device) can subclass it;
-`plugrad.engine.jit` re-exports it.
+Backends get it from `plugrad.backend`; `plugrad.engine.jit` re-exports it too.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import DeviceError
 from plugrad.device.runner import ProgramRunner
+from plugrad.errors import DeviceError
 
 
 class GraphError(DeviceError):
@@ -94,7 +94,7 @@ class GraphRunner:
 
 def check_graph_class(cls: Any, device: str) -> type[GraphRunner]:
   """`cls` if it is a GraphRunner subclass, else a PluginHookError naming it."""
-  from plugrad.device.errors import PluginHookError
+  from plugrad.errors import PluginHookError
   if not (isinstance(cls, type) and issubclass(cls, GraphRunner)):
-    raise PluginHookError(f"plugrad_graph({device!r}) returned {cls!r}, which is not a subclass of plugrad.engine.jit.GraphRunner")
+    raise PluginHookError(f"plugrad_graph({device!r}) returned {cls!r}, which is not a subclass of plugrad.backend.GraphRunner")
   return cls

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from plugrad.device.errors import DeviceError, DeviceUnavailableError, InvalidDeviceStringError, PluginHookError, UnknownDeviceError
+from plugrad.errors import DeviceError, DeviceUnavailableError, InvalidDeviceStringError, PluginHookError, UnknownDeviceError
 from plugrad.helpers import DEBUG
 from plugrad.plugin.hookspecs import DeviceSpec, parse_device
 from plugrad.plugin.manager import DeviceEntry, PluginManager, PluginRecord, get_manager, reset_manager
@@ -62,7 +62,6 @@ class CompiledDevice:
 
   @functools.cached_property
   def renderer(self) -> Any:
-    from plugrad.device import search  # noqa: F401  (registers BEAM's timer with the codegen, which uses the renderer next)
     return self._component("plugrad_renderer", "renderer")
   @functools.cached_property
   def compiler(self) -> Any: return self._component("plugrad_compiler", "compiler", renderer=self.renderer)
@@ -73,8 +72,8 @@ class CompiledDevice:
 
   @functools.cached_property
   def graph(self) -> type | None:
-    """A GraphRunner subclass, or None when the device has no graph support. Only "is a class" is checked here: the
-    GraphRunner base lives in the engine, above this layer, which checks the subclass when it uses it."""
+    """A GraphRunner subclass, or None when the device has no graph support. Only "is a class" is checked here; the
+    JIT checks that it subclasses GraphRunner (device/graph.py) when it uses it."""
     obj, rec = self._manager.call_component("plugrad_graph", self.name)
     if obj is not None and not isinstance(obj, type):
       who = f"plugin {rec.name!r} ({rec.label})" if rec is not None else "a plugin"

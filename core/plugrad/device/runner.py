@@ -10,10 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import DeviceError, LaunchError, PluginHookError
 from plugrad.device.registry import Device
+from plugrad.dtype import dtypes
+from plugrad.errors import DeviceError, LaunchError, PluginHookError
 from plugrad.helpers import DEBUG
 from plugrad.uop.ops import Ops, UOp
+
+# a buffer of a dtype the codegen emulates may be passed where a kernel declares its storage (codegen/decompose.py)
+_STORED_AS = {dtypes.bfloat16: dtypes.uint16}
 
 
 class ProgramRunner:
@@ -32,7 +36,7 @@ class ProgramRunner:
     if p.stage == "source": p = p.with_binary(self.dev.compiler.compile_cached(p.source, p.name))
     self.program: Any = p
     self.name, self.device = p.name, self.dev.name
-    self._bufs = [(g.dtype.base, g.dtype.size) for g in p.buffers]
+    self._bufs = [(dt, g.dtype.size) for g, (dt, _) in zip(p.buffers, p.signature)]
     self._vars = [v.arg for v in p.vars]
     self._static_dims = None if self._vars else p.launch_dims({})
     try: self.lib = self.dev.runtime.load(p)
@@ -52,7 +56,8 @@ class ProgramRunner:
       if not isinstance(b, Buffer): raise TypeError(f"kernel {self.name!r}, buffer slot {i}: expected a Buffer, got {type(b).__name__}")
       if b.device != self.device:
         raise ValueError(f"kernel {self.name!r}, buffer slot {i}: the kernel runs on {self.device}, the buffer is on {b.device}")
-      if b.dtype is not dt: raise TypeError(f"kernel {self.name!r}, buffer slot {i}: expected {dt!r} elements, got a {b.dtype!r} buffer")
+      if b.dtype is not dt and _STORED_AS.get(b.dtype) is not dt:
+        raise TypeError(f"kernel {self.name!r}, buffer slot {i}: expected {dt!r} elements, got a {b.dtype!r} buffer")
       if size != -1 and b.size < size: raise ValueError(f"kernel {self.name!r}, buffer slot {i}: expected {size} elements, got a buffer of {b.size}")
 
   def _vals(self, var_vals: Mapping[str | UOp, int] | None) -> dict[str, int]:

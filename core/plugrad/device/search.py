@@ -1,6 +1,6 @@
 """The device side of BEAM search (codegen/opt/search.py): compile candidates in worker processes, time them with real
-buffers, and compare a candidate's outputs with the unoptimized kernel's. Registered with the codegen when the device
-layer is imported, so the codegen never imports upward."""
+buffers, and compare a candidate's outputs with the unoptimized kernel's. The engine passes `DeviceTimer` to
+`get_program(..., timer=)`, so the codegen never imports upward and nothing is registered by import."""
 from __future__ import annotations
 
 import multiprocessing
@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from plugrad.codegen.opt.search import CandidateTimer, register_timer_factory
 from plugrad.device.buffer import Buffer
 from plugrad.dtype import dtypes
 from plugrad.renderer.base import Renderer
@@ -92,8 +91,3 @@ class DeviceTimer:
       elif not np.array_equal(a, b): return False
     return True
 
-
-def _factory(renderer: Renderer) -> CandidateTimer: return DeviceTimer(renderer)
-
-
-register_timer_factory(_factory)

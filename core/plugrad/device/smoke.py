@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugrad.device.buffer import Buffer
-from plugrad.device.errors import DeviceError
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.dtype import dtypes
+from plugrad.errors import DeviceError
 from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
 from plugrad.uop.program import ProgramUOp, make_program
 

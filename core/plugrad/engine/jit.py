@@ -286,7 +286,7 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
   in_bufs = [buffer_of(b) for _, b in call.inputs]
   outs = _tensors(ret)
   out_bufs = [_base_buffer(t.uop) for t in outs]
-  fresh_uops = {ei.fresh(): ei.bufs[0] for ei in items if ei.fresh is not None and ei.fresh() is not None}
+  fresh_uops = {u: ei.bufs[i] for ei in items for i, ref in ei.fresh if (u := ref()) is not None}
   # outputs computed by the call are swapped per replay; views of inputs or of state are returned as they are
   out_slots: dict[Buffer, int] = {}
   fresh_outputs: list[UOp] = []
@@ -308,7 +308,7 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
   gc.collect()
   # intermediates: created by the call, held by nobody now (a buffer someone still holds is state: it stays fixed)
   held = set(in_bufs) | set(out_slots)
-  planned = {ei.bufs[0] for ei in items if ei.fresh is not None and ei.fresh() is None and ei.bufs[0] not in held}
+  planned = {ei.bufs[i] for ei in items for i, ref in ei.fresh if ref() is None and ei.bufs[i] not in held}
   memory = plan_memory([ei.bufs for ei in items], planned)
   if DEBUG >= 2: print(f"TinyJit({name}): {memory}")
   swap = memory.replace

@@ -1,7 +1,7 @@
 """Running a schedule: kernels through `ProgramRunner` (compiled once per program), copies through host memory.
 
 Every launch goes through an `ExecItem`, the unit the JIT records: while `capture()` is active, each item run is
-also appended to the capture list, with a weak reference to the BUFFER it freshly created (so the JIT can tell
+also appended to the capture list, with weak references to the BUFFERs it freshly created (so the JIT can tell
 intermediates, which nobody holds after the call, from results the caller keeps).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.engine.buffers import buffer_of
 from plugrad.engine.schedule import ScheduleItem, create_schedule
-from plugrad.uop.ops import UOp
+from plugrad.uop.ops import Ops, UOp
 
 _runners: dict[UOp, ProgramRunner] = {}
 _captures: list[list[ExecItem]] = []
@@ -26,12 +26,13 @@ _captures: list[list[ExecItem]] = []
 @dataclass(eq=False)
 class ExecItem:
   """One launch: a kernel's `runner` with its Buffers in slot order (output first) and variable values, or a copy
-  (`runner` None) from bufs[1] into bufs[0]. `fresh` weakly names the BUFFER UOp this launch created (None when it
-  wrote an existing buffer: an assign)."""
+  (`runner` None) from bufs[1] into bufs[0]. `fresh` weakly names, by slot, the BUFFER UOps whose contents this launch
+  creates: a kernel's new output; a precompiled kernel's write-only outputs that were never allocated before (empty()
+  tensors made for it). An assign, which writes an existing buffer, has none."""
   runner: ProgramRunner | None
   bufs: list[Buffer]
   var_vals: dict[str, int] = field(default_factory=dict)
-  fresh: weakref.ref[UOp] | None = None
+  fresh: tuple[tuple[int, weakref.ref[UOp]], ...] = ()
 
   @property
   def device(self) -> str: return self.bufs[0].device
@@ -52,8 +53,13 @@ def runner_for(program: Any) -> ProgramRunner:
 
 
 def exec_item(it: ScheduleItem) -> ExecItem:
-  fresh = None if it.in_place else weakref.ref(it.bufs[0])
-  return ExecItem(None if it.kind == "copy" else runner_for(it.program), [buffer_of(b) for b in it.bufs], it.var_vals, fresh)
+  bufs = [buffer_of(b) for b in it.bufs]
+  if not it.in_place: fresh: tuple[tuple[int, weakref.ref[UOp]], ...] = ((0, weakref.ref(it.bufs[0])),)
+  elif it.ast.op is Ops.PROGRAM:
+    reads = set(it.program.ins)
+    fresh = tuple((i, weakref.ref(it.bufs[i])) for i in it.outs if i not in reads and not bufs[i].is_allocated())
+  else: fresh = ()
+  return ExecItem(None if it.kind == "copy" else runner_for(it.program), bufs, it.var_vals, fresh)
 
 
 @contextlib.contextmanager

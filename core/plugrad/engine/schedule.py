@@ -18,6 +18,7 @@ new REDUCE ranges, and a realized input becomes a LOAD at the flattened index.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -39,28 +40,36 @@ class ScheduleError(ValueError):
 
 @dataclass
 class ScheduleItem:
-  """One unit of work: a kernel (`ast` is a SINK) or a copy between devices (`ast` is the COPY). `bufs` are BUFFER
-  UOps in DEFINE_GLOBAL slot order (the output first); `var_vals` bind the kernel's symbolic variables."""
+  """One unit of work: a kernel (`ast` is a SINK), a precompiled kernel (`ast` is its PROGRAM, from run_program) or a
+  copy between devices (`ast` is the COPY). `bufs` are BUFFER UOps in DEFINE_GLOBAL slot order (the output first, for
+  kernels plugrad builds); `outs` the slots it writes; `var_vals` bind the kernel's symbolic variables."""
   ast: UOp
   bufs: tuple[UOp, ...]
   device: str
   var_vals: dict[str, int] = field(default_factory=dict)
   reads_before: frozenset[UOp] = frozenset()  # buffers read as they were before this schedule (leaves)
   in_place: bool = False  # an ASSIGN: writes its target buffer
+  outs: tuple[int, ...] = (0,)
 
   @property
   def kind(self) -> str: return "copy" if self.ast.op is Ops.COPY else "kernel"
+
+  @property
+  def writes(self) -> tuple[UOp, ...]: return tuple(self.bufs[i] for i in self.outs)
 
   @functools.cached_property
   def program(self) -> Any:
     """The PROGRAM UOp of a kernel (rendered for its device; not compiled), or None for a copy."""
     if self.kind == "copy": return None
+    if self.ast.op is Ops.PROGRAM: return self.ast
     from plugrad.codegen import get_program
     from plugrad.device.registry import Device
-    return get_program(self.ast, Device[self.device].renderer)
+    from plugrad.device.search import DeviceTimer
+    return get_program(self.ast, Device[self.device].renderer, timer=DeviceTimer)
 
   def __repr__(self) -> str:
-    name = self.ast.arg.name if self.kind == "kernel" else f"copy {self.bufs[1].src[1].arg} -> {self.bufs[0].src[1].arg}"
+    if self.kind == "kernel": name = self.program.name if self.ast.op is Ops.PROGRAM else self.ast.arg.name
+    else: name = f"copy {self.bufs[1].src[1].arg} -> {self.bufs[0].src[1].arg}"
     return f"<ScheduleItem {name} on {self.device}, {len(self.bufs)} buffers>"
 
 
@@ -91,7 +100,7 @@ def _strides(shape: tuple[sint, ...]) -> list[sint]:
 
 def _value_node(root: UOp) -> UOp | None:
   """What a realized node's kernel computes (None: no kernel, e.g. a copy)."""
-  if root.op is Ops.COPY: return None
+  if root.op in (Ops.COPY, Ops.AFTER): return None
   if root.op is Ops.CONTIGUOUS: return root.src[0]
   if root.op is Ops.ASSIGN: return root.src[1]
   return root
@@ -100,14 +109,27 @@ def _value_node(root: UOp) -> UOp | None:
 _EPILOGUE = GroupOp.ALU | {Ops.CAST}
 
 
-def _epilogue_owns(top: UOp, red: UOp, children: dict[UOp, list[UOp]]) -> bool:
+def _epilogue_owns(top: UOp, red: UOp, children: dict[UOp, list[UOp]], pos: dict[UOp, int]) -> bool:
   """Whether every value between reduction `red` and `top` (red included) is used only inside `top`'s expression,
   so realizing `top` instead of `red` makes no other kernel recompute the reduction (or realize it as well)."""
+  # which nodes under `top` reach `red` (the first source that does decides). Only a node after `red` in the toposort
+  # (`pos`) can have it below, so the walk stays in the layer at hand instead of descending through every earlier
+  # layer of a deep model (that made scheduling quadratic in depth); iterative, so depth hits no recursion limit
+  lo = pos[red]
   reach: dict[UOp, bool] = {}
-  def on_path(u: UOp) -> bool:
-    if (r := reach.get(u)) is None: r = reach[u] = u is red or (not _is_buffer_form(u) and any(on_path(s) for s in u.src))
-    return r
-  on_path(top)
+  stack: list[tuple[UOp, int]] = [(top, 0)]
+  while stack:
+    u, i = stack.pop()
+    if i == 0:
+      if u in reach: continue
+      if u is red or _is_buffer_form(u) or pos[u] <= lo:
+        reach[u] = u is red
+        continue
+    elif reach[u.src[i - 1]]:
+      reach[u] = True
+      continue
+    if i == len(u.src): reach[u] = False
+    else: stack += [(u, i + 1), (u.src[i], 0)]
   inside = {u for u, r in reach.items() if r}
   return all(c in inside for u in inside if u is not top for c in children.get(u, ()))
 
@@ -121,11 +143,23 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
     if u.op in (Ops.COPY, Ops.ASSIGN): realize[u] = None
     if u.op is Ops.COPY and not _is_buffer_form(u.src[0]): realize[u.src[0]] = None
     if u.op is Ops.CONTIGUOUS and not _is_buffer_form(u.src[0]): realize[u] = None
+    if u.op is Ops.SCATTER:  # its own kernels; a reduction feeding the serial write loop is computed first
+      realize[u] = None
+      for s in u.src[1:]:
+        if not _is_buffer_form(s) and any(x.op is Ops.REDUCE_AXIS for x in s.toposort): realize[s] = None
     if u.op is Ops.ASSIGN and not _is_buffer_form(u.src[0]):
       raise ScheduleError(f"ASSIGN target must be a realized buffer (realize it first), got a {u.src[0].op.name} of shape {u.src[0].shape}")
+    if u.op is Ops.KERNEL:  # a precompiled kernel takes its buffers as they are: lazy or strided inputs get their own
+      for s in u.src:
+        if s.op is not Ops.BIND and not _is_buffer_form(s): realize[s] = None
+    if u.op is Ops.AFTER:
+      if not _is_buffer_form(u.src[0]): raise ScheduleError(f"a kernel writes a {u.src[0].op.name}, not a realized buffer")
+      realize[u] = None
+  if RECOMPUTE_MAX: realize.update(dict.fromkeys(_broadcast_operands(topo, realize)))
   children: dict[UOp, list[UOp]] = {}
   for u in topo:
     for s in u.src: children.setdefault(s, []).append(u)
+  pos = {u: i for i, u in enumerate(topo)}
   while True:  # grow the set until no kernel would recompute or broadcast a reduction
     users: dict[UOp, set[UOp]] = {}
     grow: list[UOp] = []
@@ -142,17 +176,66 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
         seen.add((u, spread, top))
         if u.op is Ops.REDUCE_AXIS:
           if spread:
-            grow.append(top if top is not None and _epilogue_owns(top, u, children) else u)
+            grow.append(top if top is not None and _epilogue_owns(top, u, children, pos) else _owned_top(u, children, realize))
             continue
           users.setdefault(u, set()).add(root)
           stack.append((u.src[0], True, None))
           continue
         if not spread or u is v or (u.op not in _EPILOGUE and u.op is not Ops.RESHAPE): top = None
         elif top is None and u.op in _EPILOGUE: top = u
-        for s in u.src: stack.append((s, spread or u.op is Ops.EXPAND, top))
-    grow += [r for r, roots in users.items() if len(roots) > 1]
+        # a gathered table is read at data-dependent rows, many times over: like a broadcast
+        for i, s in enumerate(u.src): stack.append((s, spread or u.op is Ops.EXPAND or (u.op is Ops.GATHER and i == 0), top))
+    grow += [_owned_top(r, children, realize) for r, roots in users.items() if len(roots) > 1]
     if not (new := [g for g in grow if g not in realize]): return realize
     for g in new: realize[g] = None
+
+
+# broadcast factor up to which a reduction recomputes its elementwise operand in place (about one vector's lanes: a
+# register tile reads each operand value once per vector of columns); 0 turns the rule off
+def _owned_top(red: UOp, children: dict[UOp, list[UOp]], realize: dict[UOp, None]) -> UOp:
+  """What to realize for reduction `red` that several kernels read: the end of the elementwise chain that is its only
+  user (attention's scale, mask and cast after q.k), so that the chain runs once, in the reduction's kernel, instead
+  of in a kernel of its own or in every reader."""
+  top = last = red
+  while len(ch := children.get(top, [])) == 1 and (c := ch[0]).op in _EPILOGUE | {Ops.RESHAPE} and c not in realize:
+    top = c
+    if c.op is not Ops.RESHAPE: last = c
+  return last
+
+
+RECOMPUTE_MAX = ContextVar("RECOMPUTE_MAX", 16)
+
+
+def _alu_count(u: UOp, realize: dict[UOp, None], limit: int) -> int:
+  """ALU ops in `u`'s elementwise expression (down to buffers, realized nodes and reductions), counted up to `limit`."""
+  n, seen, stack = 0, set(), [u]
+  while stack and n < limit:
+    if (x := stack.pop()) in seen or _is_buffer_form(x) or (x in realize and x is not u) or x.op is Ops.REDUCE_AXIS: continue
+    seen.add(x)
+    n += x.op in GroupOp.ALU
+    stack.extend(x.src)
+  return n
+
+
+def _broadcast_operands(topo: dict[UOp, None], realize: dict[UOp, None]) -> list[UOp]:
+  """Elementwise work under an EXPAND inside a reduction's source, broadcast more than RECOMPUTE_MAX times: fused, the
+  reduction would compute it once per element of the broadcast (a projection fed by layernorm or GELU, issue 20: the
+  normalization redone for every output column tile), so it gets its own kernel and the reduction reads a buffer."""
+  out: dict[UOp, None] = {}
+  seen: set[UOp] = set()
+  for r in topo:
+    if r.op is not Ops.REDUCE_AXIS: continue
+    stack = [r.src[0]]
+    while stack:
+      if (u := stack.pop()) in seen or _is_buffer_form(u) or u in realize or u.op is Ops.REDUCE_AXIS: continue
+      seen.add(u)
+      if u.op is Ops.EXPAND and (base := u.src[0]).shape is not None and all(isinstance(d, int) for d in (*_shape(u), *base.shape)):
+        while base.op in (Ops.RESHAPE, Ops.PERMUTE) and not _is_buffer_form(base): base = base.src[0]
+        if prod(_shape(u)) > RECOMPUTE_MAX.value * prod(_shape(u.src[0])) and base.op in GroupOp.ALU and _alu_count(base, realize, 2) >= 2:
+          out[base] = None
+          continue
+      stack.extend(u.src)
+  return list(out)
 
 
 class _Kernel:
@@ -176,6 +259,13 @@ class _Kernel:
     flat = sum((i * s for i, s in zip(idxs, _strides(shape))), UOp.const(dtypes.index, 0))
     g = self.glob(buf)
     return UOp(Ops.LOAD, buf.dtype, (UOp(Ops.INDEX, g.dtype, (g, flat) if valid is None else (g, flat, valid)),))
+
+  def data_index(self, ix: UOp, idxs: tuple[UOp, ...], valid: UOp | None, n: sint) -> tuple[UOp, UOp]:
+    """The index tensor `ix`'s value at `idxs` as an index clamped to [0, n), and the gate that it lies there. The clamp
+    changes nothing where the gate holds; it keeps every address in bounds and the index arithmetic's bounds those of
+    the table (so it stays 32-bit) rather than those of the index dtype."""
+    i = self.value(ix, idxs, valid).cast(dtypes.index)
+    return i.maximum(0).minimum(n - 1), (i < 0).logical_not() & (i < n)
 
   def value(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp | None) -> UOp:
     """The value of tensor-graph node `u` at index `idxs` (one index expression per axis), loads gated by `valid`."""
@@ -235,6 +325,13 @@ class _Kernel:
       return UOp(Ops.REDUCE, u.dtype, (inner, *rngs.values()), rop) if rngs else inner
     if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
       return UOp(op, u.dtype, tuple(self.value(s, idxs, valid) for s in u.src), u.arg)
+    if op is Ops.GATHER:
+      # an indexed load: the index tensor's value (loaded in this kernel) replaces the index along the axis, and a
+      # bounds gate makes an out-of-range row read nothing (0)
+      x, ix = u.src
+      row, ok = self.data_index(ix, idxs, valid, _shape(x)[u.arg])
+      inner = self.value(x, idxs[:u.arg] + (row,) + idxs[u.arg + 1:], ok if valid is None else valid & ok)
+      return ok.where(inner, inner.const_like(0))
     raise ScheduleError(f"cannot put a {op.name} into a kernel (shape {u.shape})")
 
 
@@ -267,6 +364,39 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
   return ast, tuple(k.globals), k.var_vals, frozenset(k.leaf_reads - {out})
 
 
+_SCATTER_COMBINE = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": lambda a, b: a.maximum(b),
+                    "min": lambda a, b: -((-a).maximum(-b)) if dtypes.is_float(a.dtype) else (b < a).where(b, a)}  # NaN wins, as in max
+
+
+def _build_scatter(u: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...], dict[str, int], frozenset[UOp]]:
+  """The write kernel of SCATTER(base, idx, src) into `out` (which already holds base): a loop over idx's positions
+  storing src at the row idx names, combined with what is there. Positions that differ outside the axis write disjoint
+  elements, so those loops are parallel; the loop along the axis runs in order in one thread (a REDUCE-typed range,
+  which no device parallelizes or vectorizes), which makes repeated rows read-modify-write safely without atomics
+  and gives `set` the last write. Out-of-range rows are skipped (the store's gate)."""
+  _, ix, src = u.src
+  axis, how = u.arg
+  k = _Kernel(realized)
+  out_g = k.glob(out)
+  shape = _shape(ix)
+  ranges = [UOp.range(d, next(k.ranges), AxisType.REDUCE if a == axis else AxisType.LOOP) if d != 1 else None for a, d in enumerate(shape)]
+  idxs = tuple(r if r is not None else UOp.const(dtypes.index, 0) for r in ranges)
+  with recursion_limit(20000):
+    i, ok = k.data_index(ix, idxs, None, _shape(u)[axis])
+    val = k.value(src, idxs, None)
+  if val.dtype is not out.dtype: val = val.cast(out.dtype)
+  flat = sum((x * s for x, s in zip(idxs[:axis] + (i,) + idxs[axis + 1:], _strides(_shape(u)))), UOp.const(dtypes.index, 0))
+  at = UOp(Ops.INDEX, out_g.dtype, (out_g, flat, ok))
+  if how != "set": val = _SCATTER_COMBINE[how](UOp(Ops.LOAD, out.dtype, (at,)), val)
+  body = UOp(Ops.STORE, dtypes.void, (at, val))
+  if (serial := ranges[axis]) is not None: body = UOp(Ops.END, dtypes.void, (body, serial))
+  if par := [r for a, r in enumerate(ranges) if r is not None and a != axis]: body = UOp(Ops.END, dtypes.void, (body, *par))
+  name = "scatter_" + _kernel_name(shape, False)[2:]
+  ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, opts_to_apply=())), symbolic, name="index simplification")
+  maybe_check("kernel", ast)
+  return ast, tuple(k.globals), k.var_vals, frozenset(k.leaf_reads - {out})
+
+
 def _aliased_reads(ast: UOp, out_slot: int = 0) -> bool:
   """Does the kernel read its output buffer at an index other than the one it writes (then it must not run in place)?"""
   stores = [u for u in ast.toposort if u.op is Ops.STORE]
@@ -289,7 +419,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   if not SCHEDULE_CACHE: return _create_schedule(sink)
   topo = list(sink.toposort)
   leaves = [u for u in topo if u.op is Ops.BUFFER]
-  key = (sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)}), bool(SPLIT_REDUCE))
+  key = (sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)}), bool(SPLIT_REDUCE), RECOMPUTE_MAX.value)
   if (hit := _cache.get(key)) is None:
     items, becomes = _create_schedule(sink)
     _cache[key] = hit = _template(items, becomes, topo, leaves)
@@ -300,7 +430,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
 SCHEDULE_CACHE_SIZE = 512  # graph forms kept (oldest dropped first)
-_cache: OrderedDict[tuple[UOp, bool], _Template] = OrderedDict()  # (graph form, SPLIT_REDUCE)
+_cache: OrderedDict[tuple[UOp, bool, int], _Template] = OrderedDict()  # (graph form, SPLIT_REDUCE, RECOMPUTE_MAX)
 
 
 def _stand_in(buf: UOp, i: int) -> UOp:
@@ -320,7 +450,7 @@ class _Template:
     real = dict(zip((_stand_in(b, i) for i, b in enumerate(leaves)), leaves)) | {n: buffer_like(n) for n in self.new}
     def sub(u: UOp) -> UOp: return r if (r := real.get(u)) is not None else u.substitute(real)
     items = [ScheduleItem(it.ast, tuple(real[b] for b in it.bufs), it.device, it.var_vals, frozenset(real[b] for b in it.reads_before),
-                          it.in_place) for it in self.items]
+                          it.in_place, it.outs) for it in self.items]
     return items, {topo[i]: sub(v) for i, v in self.becomes.items()}
 
 
@@ -335,7 +465,7 @@ def _template(items: list[ScheduleItem], becomes: dict[UOp, UOp], topo: list[UOp
   def sub(u: UOp) -> UOp: return r if (r := to.get(u)) is not None else u.substitute(to)
   pos = {u: i for i, u in enumerate(topo)}
   return _Template([ScheduleItem(it.ast, tuple(to[b] for b in it.bufs), it.device, it.var_vals, frozenset(to[b] for b in it.reads_before),
-                                 it.in_place) for it in items], {pos[u]: sub(v) for u, v in becomes.items()}, new)
+                                 it.in_place, it.outs) for it in items], {pos[u]: sub(v) for u, v in becomes.items()}, new)
 
 
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 1)
@@ -408,7 +538,8 @@ def _create_schedule(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   realized: dict[UOp, UOp] = {}
   items: list[ScheduleItem] = []
   for u in sink.toposort:
-    if u in realize: _schedule_one(u, realized, items)
+    if u.op is Ops.KERNEL: _schedule_program(u, realized, items)
+    elif u in realize: _schedule_one(u, realized, items)
   items = _order(items)
   if renamed is None: becomes = {u: realized[u] for u in realize}
   else:  # the caller knows the graph it gave: name the realized nodes by their original form
@@ -424,11 +555,23 @@ def _create_schedule(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
 def _schedule_one(u: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem]) -> None:
   shape, device = u.shape, u.tensor_device
   assert shape is not None
+  if u.op is Ops.AFTER:  # written in place by its KERNEL (scheduled before it: _schedule_program)
+    realized[u] = u.src[0]
+    return
   if u.op is Ops.COPY:
     src = realized.get(u.src[0], u.src[0])
     out = new_buffer(u.src[1].arg, int(prod(shape)), u.dtype)
     items.append(ScheduleItem(u, (out, _buffer_uop(src)), u.src[1].arg))
     realized[u] = out.reshape(shape)
+    return
+  if u.op is Ops.SCATTER:  # base into a new buffer, then the write loop over it in place
+    base = UOp(Ops.CONTIGUOUS, u.dtype, (u.src[0],))
+    _schedule_one(base, realized, items)
+    out = _buffer_uop(realized[base])
+    realized[u] = realized[base]
+    if any(isinstance(d, int) and d == 0 for d in (*shape, *_shape(u.src[1]))): return  # nothing is written
+    ast, bufs, var_vals, old = _build_scatter(u, out, realized)
+    items.append(ScheduleItem(ast, bufs, device, var_vals, old, True))
     return
   size = prod(shape)
   out = _buffer_uop(u.src[0]) if u.op is Ops.ASSIGN else new_buffer(device, size if isinstance(size, int) else _max_size(size), u.dtype)
@@ -447,25 +590,46 @@ def _schedule_one(u: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem]) -
   realized[u] = result
 
 
+def _schedule_program(k: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem]) -> None:
+  """KERNEL(*slot tensors, *BINDs, arg=PROGRAM): the given program over the slots' buffers, writing its outputs in place."""
+  p = k.arg
+  n = len(p.globals)
+  bufs = tuple(_buffer_uop(realized.get(s, s)) for s in k.src[:n])
+  var_vals = {var.arg[0]: val for var, val in (b.unbind() for b in k.src[n:])}
+  leaves = frozenset(b for s, b in zip(k.src[:n], bufs) if s not in realized)
+  items.append(ScheduleItem(p, bufs, p.device, var_vals, leaves, True, tuple(p.outs)))
+
+
 def _order(items: list[ScheduleItem]) -> list[ScheduleItem]:
-  """The graph order, except that a kernel reading a buffer's old contents runs before the ASSIGN that overwrites it."""
+  """The graph order, except that a kernel reading a buffer's old contents runs before the ASSIGN (or precompiled kernel)
+  that overwrites it."""
   before: list[set[int]] = [set() for _ in items]  # before[j]: items that must run before j
   last_writer: dict[UOp, int] = {}
   for j, it in enumerate(items):
-    for b in it.bufs[1:]:
-      if b not in it.reads_before and b in last_writer: before[j].add(last_writer[b])
-    if it.in_place and it.bufs[0] in last_writer: before[j].add(last_writer[it.bufs[0]])
-    last_writer[it.bufs[0]] = j
+    writes = it.writes
+    for b in it.bufs:
+      if b in last_writer and (b not in it.reads_before or (it.in_place and b in writes)): before[j].add(last_writer[b])
+    for b in writes: last_writer[b] = j
+  readers: dict[UOp, list[int]] = {}
   for j, it in enumerate(items):
-    for i, other in enumerate(items):
-      if other.in_place and other.bufs[0] in it.reads_before and i != j: before[i].add(j)
+    for b in it.reads_before: readers.setdefault(b, []).append(j)
+  for i, other in enumerate(items):
+    if other.in_place: before[i].update(j for b in other.writes for j in readers.get(b, ()) if j != i)
+  # the lowest-numbered item whose predecessors have all run goes next (a heap: linear in the schedule, which a scan of
+  # every item per step was not)
+  after: list[list[int]] = [[] for _ in items]
+  waiting = [len(b) for b in before]
+  for j, bs in enumerate(before):
+    for i in bs: after[i].append(j)
+  ready = [j for j, w in enumerate(waiting) if w == 0]
   order: list[int] = []
-  done: set[int] = set()
-  while len(order) < len(items):
-    ready = [j for j in range(len(items)) if j not in done and before[j] <= done]
-    if not ready: raise ScheduleError("a kernel reads both the old and the new contents of an assigned buffer; realize the old value first")
-    order.append(ready[0])
-    done.add(ready[0])
+  while ready:
+    order.append(j := heapq.heappop(ready))
+    for k in after[j]:
+      waiting[k] -= 1
+      if waiting[k] == 0: heapq.heappush(ready, k)
+  if len(order) < len(items):
+    raise ScheduleError("a kernel reads both the old and the new contents of an assigned buffer; realize the old value first")
   return [items[j] for j in order]
 
 

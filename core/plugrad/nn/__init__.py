@@ -197,8 +197,11 @@ class Embedding:
 
   def __call__(self, idx: Tensor) -> Tensor:
     if not dtypes.is_int(idx.dtype): raise TypeError(f"Embedding needs integer indices, got dtype {idx.dtype}")
-    # a one-hot matmul: a lookup the scheduler fuses into one reduction, with the scatter-add gradient for free
-    return idx.one_hot(self.vocab_sz).cast(self.weight.dtype).matmul(self.weight)
+    # an indexed load of whole rows (gather, so an out-of-range or negative index reads a zero row as before); its
+    # gradient is a scatter-add into the table, not a one-hot product
+    n = prod(idx.shape)
+    rows = idx.reshape(n, 1).expand(n, self.embed_sz)
+    return self.weight.gather(0, rows).reshape(*idx.shape, self.embed_sz)
 
 
 class Dropout:

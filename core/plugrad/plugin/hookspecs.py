@@ -13,10 +13,10 @@ from typing import Any
 
 import pluggy
 
-from plugrad.device.errors import InvalidDeviceStringError
+from plugrad.errors import InvalidDeviceStringError
 
 PROJECT_NAME = "plugrad"
-API_VERSION: tuple[int, int] = (1, 0)
+API_VERSION: tuple[int, int] = (2, 0)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -79,23 +79,23 @@ def plugrad_devices() -> list[DeviceSpec]:  # type: ignore[empty-body]
 
 @hookspec(firstresult=True)
 def plugrad_renderer(device: str) -> Any:
-  """Return a new `plugrad.renderer.base.Renderer` for the canonical `device` ("NAME" or "NAME:i"), or None if the
+  """Return a new `plugrad.backend.Renderer` for the canonical `device` ("NAME" or "NAME:i"), or None if the
   device is not yours. The first non-None result wins (`@hookimpl(tryfirst=True)` overrides another plugin's)."""
 
 
 @hookspec(firstresult=True)
 def plugrad_compiler(device: str, renderer: Any) -> Any:
-  """Return a new `plugrad.device.compiler.Compiler` for `device`, whose sources come from `renderer`, or None."""
+  """Return a new `plugrad.backend.Compiler` for `device`, whose sources come from `renderer`, or None."""
 
 
 @hookspec(firstresult=True)
 def plugrad_allocator(device: str) -> Any:
-  """Return a new `plugrad.device.allocator.Allocator` for `device`, or None."""
+  """Return a new `plugrad.backend.Allocator` for `device`, or None."""
 
 
 @hookspec(firstresult=True)
 def plugrad_runtime(device: str) -> Any:
-  """Return a new `plugrad.device.runtime.Runtime` for `device` (loads PROGRAM binaries, synchronizes), or None."""
+  """Return a new `plugrad.backend.Runtime` for `device` (loads PROGRAM binaries, synchronizes), or None."""
 
 
 @hookspec(firstresult=True)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import pluggy
 
-from plugrad.device.errors import (
+from plugrad.errors import (
   DeviceError,
   PluginAPIVersionError,
   PluginConflictError,
@@ -165,8 +165,8 @@ class PluginManager:
         strict, no_plugins, allow = self.strict, self.no_plugins, self.allowlist  # bad values raise before anything is loaded
         self._loaded = True
         if self._builtins:
-          self._add(importlib.import_module("plugrad.plugin.builtin"),
-                    PluginRecord("builtin", "plugrad", core_version(), "plugrad.plugin.builtin", builtin=True))
+          self._add(importlib.import_module("plugrad.builtin.plugin"),
+                    PluginRecord("builtin", "plugrad", core_version(), "plugrad.builtin.plugin", builtin=True))
         try: eps = sorted(self._entry_points(), key=lambda e: (_dist_of(e)[0], e.name))
         except Exception as e:  # a corrupt installation: report it, keep the built-ins usable
           eps = []

@@ -13,6 +13,7 @@ from typing import Any
 from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.renderer.tensor_cores import TensorCore
 from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.pattern import PatternMatcher
 
 # The capabilities a renderer may claim (docs/writing-a-backend.md): dtypes it computes in, and features it lowers to.
 CAPABILITIES = frozenset({"float16", "bfloat16", "float64", "int64", "locals", "shared", "tensor_cores", "images"})
@@ -39,6 +40,15 @@ class Renderer(abc.ABC):
   vector_width: int = 1                     # float lanes the optimizer may put in one vector value (1: no vectors)
   tensor_cores: tuple[TensorCore, ...] = ()  # the WMMA instructions the renderer can emit
   capabilities: frozenset[str] = frozenset()
+  # What the device's plain operators already do; codegen/decompose.py writes out the rest before rendering (False:
+  # the least capable device, always correct): integer / and % give 0 for a divisor of 0 and never trap on INT_MIN / -1,
+  # shifts by an amount outside [0, bits) give 0 (or the sign), float MAX propagates nan (numpy's maximum);
+  # bfloat16 values, memory and rounding (to nearest even, nan kept) are the device's own.
+  safe_int_div: bool = False
+  safe_shifts: bool = False
+  nan_max: bool = False
+  native_bfloat16: bool = False
+  extra_matcher: PatternMatcher | None = None  # the backend's own rewrites of the kernel graph, after the shared passes
 
   def __init__(self, device: str):
     if not isinstance(device, str) or not device: raise RendererError(f"a Renderer needs the device name as a non-empty str, got {device!r}")

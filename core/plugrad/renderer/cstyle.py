@@ -2,13 +2,13 @@
 kernel function; a backend subclasses it and writes only its dialect: type names, qualifiers, intrinsics and launch
 indices.
 
-What the base does, with the C semantics of the PYTHON interpreter (`device/interpreter.py`), per dtype:
+What the base does, with the C semantics of the PYTHON interpreter (`builtin/interpreter.py`), per dtype:
 
 * values used once in their own block are inlined, all others (loads, vectors, values used twice) become named locals;
 * every ALU op: narrow integers are cast back to their type (C promotes them to int), 16-bit float results are
-  rounded to their type (C may keep excess precision), integer division and remainder by 0 give 0 (and never trap on
-  INT_MIN / -1), shifts by a negative amount or the full width give 0 (or the sign), float MAX propagates nan, and
-  bool arithmetic is logic (`+` is or, `*` is and). Helpers for these are emitted only when a kernel needs them;
+  rounded to their type (C may keep excess precision), and bool arithmetic is logic (`+` is or, `*` is and). The
+  integer division and shift guards, nan-propagating MAX and THREEFRY are written out before rendering by the shared
+  passes (codegen/decompose.py), so `/ % << >>` are C's plain operators;
 * float → int casts truncate, give 0 for nan/inf and wrap huge values (like the interpreter); bitcasts go through a union;
 * pointers are tracked per lane (buffer, element index, gate): a vector INDEX or VECTORIZE of pointers is a gather,
   a wide LOAD/STORE through one address is a contiguous vector access, gates become `g ? p[i] : alt` and `if (g)`;
@@ -66,7 +66,10 @@ _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.AND: "&",
 _BOOL = {Ops.ADD: "({0}||{1})", Ops.MAX: "({0}||{1})", Ops.OR: "({0}||{1})", Ops.MUL: "({0}&&{1})", Ops.AND: "({0}&&{1})",
          Ops.SUB: "({0}!={1})", Ops.XOR: "({0}!={1})", Ops.NEG: "(!{0})", Ops.POW: "({0}||!{1})", Ops.MULACC: "(({0}&&{1})||{2})",
          Ops.TRUNC: "{0}"}
-_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MULACC: "fma"}
+_INT_INFIX = {Ops.IDIV: "/", Ops.MOD: "%", Ops.SHL: "<<", Ops.SHR: ">>"}  # guarded before rendering (codegen/decompose.py)
+# float MAX reaches a renderer only when it claims `nan_max`: its `render_math("fmax")` must propagate nan
+_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MULACC: "fma",
+         Ops.MAX: "fmax"}
 _PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.VECTORIZE: "vec", Ops.GEP: "gep", Ops.VCONST: "vconst", Ops.WMMA: "wmma",
            Ops.CUSTOM: "custom"}
 SHORT_NAMES: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort",
@@ -363,70 +366,34 @@ class CStyleRenderer(Renderer):
     """Scalar `op` with result dtype `dt` on operands `a` of dtype `sdt` (the first source's; WHERE: the values')."""
     if op in GroupOp.Comparison: return f"({a[0]}{_INFIX[op]}{a[1]})"
     if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
-    if op is Ops.THREEFRY: return f"{self._threefry()}({a[0]},{a[1]})"
     if dt is dtypes.bool: return _BOOL[op].format(*a)
     t = self.tname(self.cdt(dt))
     if dtypes.is_int(dt):
-      const = srcs[1].arg if len(srcs) > 1 and srcs[1].op is Ops.CONST else None
-      bits = 8 * dt.itemsize
-      if op in _INFIX: e = f"({a[0]}{_INFIX[op]}{a[1]})"
+      if op in _INFIX or op in _INT_INFIX: e = f"({a[0]}{_INFIX.get(op) or _INT_INFIX[op]}{a[1]})"
       elif op is Ops.NEG: e = f"(-{a[0]})"
       elif op is Ops.MULACC: e = f"(({a[0]}*{a[1]})+{a[2]})"
       elif op is Ops.TRUNC: return a[0]
-      elif op in (Ops.IDIV, Ops.MOD) and const is not None and const != 0 and (const != -1 or dtypes.is_unsigned(dt)):
-        e = f"({a[0]}{'/' if op is Ops.IDIV else '%'}{a[1]})"
-      elif op in (Ops.SHL, Ops.SHR) and const is not None and 0 <= const < bits: e = f"({a[0]}{'<<' if op is Ops.SHL else '>>'}{a[1]})"
       else: return f"{self._int_helper(op, dt)}({','.join(a)})"
-      return f"(({t}){e})" if bits < 32 else e
+      return f"(({t}){e})" if dt.itemsize < 4 else e
     # floats: 16-bit floats compute in float and round once
     wide = dt if dt in (dtypes.float32, dtypes.float64) else dtypes.float32
     if op in _INFIX: e = f"({a[0]}{_INFIX[op]}{a[1]})"
     elif op is Ops.NEG: return f"(-{a[0]})"
     elif op is Ops.RECIPROCAL: e = f"({self.render_const(1.0, wide)}/{a[0]})"
-    elif op is Ops.MAX: return self._fmax(dt, a)
     elif op in _MATH: e = self.render_math(_MATH[op], wide, [x if wide is dt else f"(float){x}" for x in a])
     else: raise RendererError(f"{type(self).__name__}: no float {op.name}")
     return e if wide is dt else self.render_round(e, dt)
 
-  def _fmax(self, dt: DType, a: list[str]) -> str:
-    wide = dt if dt in (dtypes.float32, dtypes.float64) else dtypes.float32
-    fn = f"pg_max_{SHORT_NAMES[wide]}"
-    t = self.tname(wide)
-    # nan wins, like numpy. Two selects, no `||`: a compiler keeps the short-circuit as a branch, which mispredicts on
-    # data (a max-pool over ReLU outputs ran 3.7x slower); `a > b ? a : b` is one max instruction, the nan test a blend
-    self.need(fn, f"{self.helper_prefix}{t} {fn}({t} a, {t} b) {{ {t} m = a > b ? a : b; return a != a ? a : m; }}")
-    e = f"{fn}({a[0]},{a[1]})"
-    return e if wide is dt else self.render_round(e, dt)  # exact: one of the operands
-
   def _int_helper(self, op: Ops, dt: DType) -> str:
     t, short, signed = self.tname(dt), SHORT_NAMES[dt], not dtypes.is_unsigned(dt)
-    bits = 8 * dt.itemsize
     fn = f"pg_{op.name.lower()}_{short}"
-    p = self.helper_prefix
-    if op is Ops.IDIV: body = f"return b == 0 ? 0 : {'b == -1 ? (' + t + ')-a : ' if signed else ''}({t})(a / b);"
-    elif op is Ops.MOD: body = f"return (b == 0{' || b == -1' if signed else ''}) ? 0 : ({t})(a % b);"
-    elif op is Ops.MAX: body = "return a > b ? a : b;"
-    elif op is Ops.SHL: body = f"return (b < 0 || b >= {bits}) ? 0 : ({t})(a << b);"
-    elif op is Ops.SHR: body = f"return (b < 0 || b >= {bits}) ? {'(a < 0 ? -1 : 0)' if signed else '0'} : ({t})(a >> b);"
+    if op is Ops.MAX: body = "return a > b ? a : b;"
     elif op is Ops.POW:
       neg = "if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0; " if signed else ""
       body = f"{neg}{t} r = 1; while (b) {{ if (b & 1) r = ({t})(r * a); a = ({t})(a * a); b >>= 1; }} return r;"
     else: raise RendererError(f"{type(self).__name__}: no integer {op.name}")
-    bt = self.type_map[dtypes.int64] if op in (Ops.SHL, Ops.SHR) else t  # shift amounts of any integer type, huge ones count as negative
-    self.need(fn, f"{p}{t} {fn}({t} a, {bt} b) {{ {body} }}")
+    self.need(fn, f"{self.helper_prefix}{t} {fn}({t} a, {t} b) {{ {body} }}")
     return fn
-
-  def _threefry(self) -> str:
-    u32, u64 = self.type_map[dtypes.uint32], self.type_map[dtypes.uint64]
-    body = [f"{u32} x0 = ({u32})x, x1 = ({u32})(x >> 32), k0 = ({u32})key, k1 = ({u32})(key >> 32);",
-            f"{u32} ks[3] = {{k0, k1, 0x1BD11BDAu ^ k0 ^ k1}};", "x0 += ks[0]; x1 += ks[1];"]
-    for i in range(5):
-      body += [f"x0 += x1; x1 = ((x1 << {r}) | (x1 >> {32 - r})) ^ x0;" for r in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]]
-      body.append(f"x0 += ks[{(i + 1) % 3}]; x1 += ks[{(i + 2) % 3}] + {i + 1}u;")
-    code = "\n".join([f"{self.helper_prefix}{u64} pg_threefry2x32({u64} x, {u64} key) {{  /* Threefry-2x32, 20 rounds */", *("  " + b for b in body),
-                      f"  return (({u64})x1 << 32) | x0;", "}"])
-    self.need("pg_threefry2x32", code)
-    return "pg_threefry2x32"
 
   def native_cast(self, x: str, src: DType, dst: DType) -> str | None:
     """A vector CAST of `x` from `src` to `dst` as one native conversion, or None to render it lane by lane."""

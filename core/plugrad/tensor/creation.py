@@ -37,7 +37,7 @@ def require_dtype(device: Any, dt: DType, why: str = "") -> None:
   """Raise UnsupportedDTypeError when `device` cannot hold or compute `dt` (its renderer's `dtype_support` says why).
   `why` says what needed the dtype when the user did not ask for it by name (a random draw's uint64 bits)."""
   if dt.scalar() not in MAY_LACK or not isinstance(device, str): return
-  from plugrad.device.errors import UnsupportedDTypeError
+  from plugrad.errors import UnsupportedDTypeError
   if (reason := dtype_problem(device, dt)) is not None:
     name = INVERSE_NAMES.get(dt.scalar(), str(dt))
     raise UnsupportedDTypeError(f"{device} does not support {name} ({reason}){f'; {why} needs it' if why else ''}")

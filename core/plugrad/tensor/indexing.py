@@ -1,10 +1,11 @@
 """Indexing Tensor methods: `__getitem__`/`__setitem__`, gather/scatter, masked_select, nonzero, triangles, diagonals,
 unfold; built from movement ops, comparisons with `arange` and reductions.
 
-Basic indices (ints, slices, None, ...) are pure views. Integer-tensor indices select through a one-hot comparison
-with `arange` and a sum (a gather that fuses into its consumer); an index tensor's values are only known on the device,
-so an out-of-range value in one selects nothing (0), as in tinygrad. Python int indices, and lists of ints, are checked
-at the call and raise IndexError.
+Basic indices (ints, slices, None, ...) are pure views. Integer-tensor indices (getitem, gather, Embedding) become a
+GATHER node: an indexed load, the index tensor read in the same kernel, that fuses into its consumer; an index tensor's
+values are only known on the device, so an out-of-range value in one selects nothing (0), as in tinygrad. Writes
+(setitem with tensor indices, scatter, scatter_reduce) become a SCATTER node: an indexed store loop (docs/ir.md).
+Python int indices, and lists of ints, are checked at the call and raise IndexError.
 
 The methods are plain functions taking the tensor first (so type checkers see `self` as a Tensor), bound as methods by
 the mixin class at the bottom. The helpers above them (`resolve_dim`, `make_tuple`, `pad_constant`, `pool`, ...) are
@@ -21,6 +22,7 @@ import numpy as np
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import all_int, prod
 from plugrad.tensor.helpers import broadcast_shape, ints
+from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import ShapeError, fmt
 
 if TYPE_CHECKING:
@@ -118,6 +120,21 @@ def select_sum(mask: Tensor, x: Tensor, axis: int) -> Tensor:
 def _check_index_tensor(t: Tensor, op: str) -> None:
   if not dtypes.is_int(t.dtype) or t.dtype == dtypes.bool:
     raise TypeError(f"{op}: index tensors must have an integer dtype, got {t.dtype}")
+
+
+def _same_device(x: Tensor, idx: Tensor) -> Tensor: return idx if idx.device == x.device else idx.to(x.device)
+
+
+def gather_axis(x: Tensor, idx: Tensor, axis: int) -> Tensor:
+  """x read at row idx[p] along `axis` for every position p of idx (idx has x's shape outside the axis); a row outside
+  [0, x.shape[axis]) reads 0. One GATHER node: an indexed load, not a comparison against every row."""
+  return x._wrap(UOp(Ops.GATHER, x.dtype, (x.uop, _same_device(x, idx).uop), axis))
+
+
+def scatter_axis(base: Tensor, idx: Tensor, src: Tensor, axis: int, how: str) -> Tensor:
+  """base with src[p] combined (`how`: set, add, mul, max, min) into row idx[p] along `axis` for every position p of idx
+  (src has idx's shape, no larger than base outside the axis), in order along the axis; out-of-range rows are skipped."""
+  return base._wrap(UOp(Ops.SCATTER, base.dtype, (base.uop, _same_device(base, idx).uop, src.cast(base.dtype).uop), (axis, how)))
 
 
 def _nested_shape(x: Any) -> tuple[int, ...]:
@@ -229,9 +246,11 @@ def _adv_layout(x: Tensor, adv: list[tuple[int, Tensor]]) -> tuple[Tensor, Tenso
   xp = x.permute(*order)
   sizes = [ints(x.shape, "indexing")[d] for d in dims]
   ts = [broadcast_to(t, B, "indexing") for _, t in adv]
-  lin, valid = ts[0] * prod(sizes[1:]), (ts[0] >= 0) & (ts[0] < sizes[0])
-  for j in range(1, len(ts)): lin, valid = lin + ts[j] * prod(sizes[j + 1:]), valid & (ts[j] >= 0) & (ts[j] < sizes[j])
-  lin = valid.where(lin, -1)  # out of range selects nothing
+  lin = ts[0]  # one index: GATHER/SCATTER check its range themselves
+  if len(ts) > 1:
+    lin, valid = ts[0] * prod(sizes[1:]), (ts[0] >= 0) & (ts[0] < sizes[0])
+    for j in range(1, len(ts)): lin, valid = lin + ts[j] * prod(sizes[j + 1:]), valid & (ts[j] >= 0) & (ts[j] < sizes[j])
+    lin = valid.where(lin, -1)  # out of range in any index selects nothing
   perm_shape = ints(xp.shape, "indexing")
   xp = xp.reshape(*perm_shape[:p], prod(sizes), *perm_shape[p + len(dims):])
   return xp, lin, p, B, order, perm_shape
@@ -243,9 +262,9 @@ def _getitem(self: Tensor, indices: Any) -> Tensor:
   if not parsed.adv: return x
   xp, lin, p, B, _, _ = _adv_layout(x, parsed.adv)
   shape = ints(xp.shape, "indexing")
-  pre, N, post = shape[:p], shape[p], shape[p + 1:]
-  mask = one_hot_last(lin, N).reshape(*(1,) * len(pre), *B, N, *(1,) * len(post))
-  return select_sum(mask, xp.reshape(*pre, *(1,) * len(B), N, *post), len(pre) + len(B))
+  pre, post, nb = shape[:p], shape[p + 1:], prod(B)
+  idx = lin.reshape(*(1,) * len(pre), nb, *(1,) * len(post)).expand(*pre, nb, *post)
+  return gather_axis(xp, idx, len(pre)).reshape(*pre, *B, *post)
 
 
 def _setitem_value(self: Tensor, indices: Any, v: Any) -> Tensor:
@@ -261,17 +280,12 @@ def _setitem_value(self: Tensor, indices: Any, v: Any) -> Tensor:
     return mask.where(placed, self)
   xp, lin, p, B, order, perm_shape = _adv_layout(x, parsed.adv)
   shape = ints(xp.shape, "setitem")
-  pre, N, post = shape[:p], shape[p], shape[p + 1:]
+  pre, post = shape[:p], shape[p + 1:]
   if (nb := prod(B)) == 0: return self  # nothing is written
   vb = broadcast_to(v, (*pre, *B, *post), "setitem").reshape(*pre, nb, *post)
-  hit = one_hot_last(lin.reshape(nb), N)                       # (nb, N): value b writes position j
-  # repeated indices: the last write wins (numpy), so each position takes the highest b that hits it
-  last = hit.where(Tensor.arange(1, nb + 1, device=self.device).reshape(nb, 1), 0).max(0) - 1  # (N,)
-  take = Tensor.arange(nb, device=self.device).reshape(nb, 1).eq(last.reshape(1, N))          # (nb, N)
-  take = take.reshape(*(1,) * len(pre), nb, N, *(1,) * len(post))
-  written = select_sum(take, vb.reshape(*pre, nb, 1, *post), len(pre))                     # (*pre, N, *post)
-  covered = (last >= 0).reshape(*(1,) * len(pre), N, *(1,) * len(post))
-  merged = covered.where(written, xp).reshape(perm_shape).permute(*[order.index(d) for d in range(len(order))])
+  idx = lin.reshape(*(1,) * len(pre), nb, *(1,) * len(post)).expand(*pre, nb, *post)
+  # the store loop runs in index order, so with repeated indices the last write wins (numpy)
+  merged = scatter_axis(xp, idx, vb, len(pre), "set").reshape(perm_shape).permute(*[order.index(d) for d in range(len(order))])
   placed, mask = parsed.unview(merged)
   return mask.where(placed, self)
 
@@ -313,10 +327,11 @@ def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
   if any(i > s for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != dim):
     raise ShapeError(f"gather: index {fmt(index.shape)} is larger than self {fmt(self.shape)} outside dim {dim}")
   x = self.shrink(tuple((0, s if d == dim else i) for d, (s, i) in enumerate(zip(self.shape, index.shape))))
-  return select_sum(one_hot_last(index, ints(self.shape, "gather")[dim]), x.unsqueeze(-1).transpose(-1, dim), -1)
+  return gather_axis(x, index, dim)
 
 
-def _scatter_masks(self: Tensor, dim: int, index: Tensor, src: Tensor, op: str) -> tuple[int, Tensor, Tensor]:
+def _scatter_args(self: Tensor, dim: int, index: Tensor, src: Tensor, op: str) -> tuple[int, Tensor]:
+  """The checked dim, and src cut to index's shape."""
   dim = resolve_dim(dim, self.ndim, op)
   _check_index_tensor(index, op)
   if index.ndim != self.ndim: raise ShapeError(f"{op}: index {fmt(index.shape)} must have the ndim of self {fmt(self.shape)}")
@@ -324,15 +339,7 @@ def _scatter_masks(self: Tensor, dim: int, index: Tensor, src: Tensor, op: str) 
     raise ShapeError(f"{op}: index {fmt(index.shape)} is larger than self {fmt(self.shape)} outside dim {dim}")
   if src.ndim != self.ndim or any(i > s for s, i in zip(src.shape, index.shape)):
     raise ShapeError(f"{op}: index {fmt(index.shape)} is larger than src {fmt(src.shape)}")
-  src = src.shrink(tuple((0, i) for i in index.shape)).unsqueeze(-1)
-  # mask[..., b, ..., k]: element b along dim goes to position k of self's dim (the new last axis)
-  return dim, one_hot_last(index, ints(self.shape, op)[dim]), src
-
-
-def _scatter_back(self: Tensor, dim: int, t: Tensor, index: Tensor, fill: Any) -> Tensor:
-  """(…, 1, …, n) reduced over dim → self's layout, padded to self's shape with `fill` past index's extent."""
-  t = t.transpose(dim, -1).squeeze(-1)
-  return t.pad(tuple((0, s - t.shape[d]) for d, s in enumerate(self.shape)), value=fill)
+  return dim, src.shrink(tuple((0, i) for i in index.shape))
 
 
 def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | bool,
@@ -344,34 +351,28 @@ def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | b
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device, buffer=False)
   if reduce is not None: return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
   if src.dtype != self.dtype: raise TypeError(f"scatter: src dtype {src.dtype} differs from self's {self.dtype}")
-  dim, mask, s = _scatter_masks(self, dim, index, src, "scatter")
-  m = ints(index.shape, "scatter")[dim]
-  rank = Tensor.arange(1, m + 1, device=self.device).reshape(*[m if d == dim else 1 for d in range(self.ndim)], 1)
-  last = mask.where(rank, 0).max(dim, keepdim=True)          # the highest b writing each position, 0 for none
-  written = select_sum(mask & rank.eq(last), s, dim).unsqueeze(dim)
-  return _scatter_back(self, dim, last > 0, index, False).where(_scatter_back(self, dim, written, index, 0), self)
+  dim, s = _scatter_args(self, dim, index, src, "scatter")
+  return scatter_axis(self, index, s, dim, "set")
 
 
 def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: Literal["sum", "prod", "mean", "amax", "amin"],
                    include_self: bool = True) -> Tensor:
   """self with src reduced into the positions `index` names along `dim`. `include_self=False` leaves self's value
   out of the reduction at the positions written (others keep self)."""
+  from plugrad.tensor.tensor import Tensor
   if reduce not in ("sum", "prod", "mean", "amax", "amin"):
     raise ValueError(f"scatter_reduce: reduce must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
   if src.dtype != self.dtype: raise TypeError(f"scatter_reduce: src dtype {src.dtype} differs from self's {self.dtype}")
-  dim, mask, s = _scatter_masks(self, dim, index, src, "scatter_reduce")
-  back = lambda t, fill: _scatter_back(self, dim, t.unsqueeze(dim) if t.ndim < mask.ndim else t, index, fill)
-  hit = back(mask.any(dim), False)
-  keep = self if include_self else hit.where(_identity(reduce, self.dtype), self)
-  if reduce in ("sum", "mean"):
-    total = back(select_sum(mask, s, dim), 0) + keep
-    if reduce == "sum": return total
-    count = back(mask.sum(dim), 0) + (1 if include_self else hit.logical_not())
-    count = count.maximum(1).cast(self.dtype)
-    return total.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else total / count
-  if reduce == "prod": return back(mask.where(s, 1).prod(dim, dtype=self.dtype), 1) * keep
-  if reduce == "amax": return back(mask.where(s, dtypes.min(self.dtype)).max(dim), dtypes.min(self.dtype)).maximum(keep)
-  return back(mask.where(s, dtypes.max(self.dtype)).min(dim), dtypes.max(self.dtype)).minimum(keep)
+  dim, s = _scatter_args(self, dim, index, src, "scatter_reduce")
+  def fill(v: Any, dt: DType, shape: tuple) -> Tensor: return Tensor.full(shape, v, dtype=dt, device=self.device, buffer=False)
+  hit = None if include_self else scatter_axis(fill(False, dtypes.bool, self.shape), index, fill(True, dtypes.bool, index.shape), dim, "set")
+  keep = self if hit is None else hit.where(_identity(reduce, self.dtype), self)
+  how = {"sum": "add", "mean": "add", "prod": "mul", "amax": "max", "amin": "min"}[reduce]
+  total = scatter_axis(keep, index, s, dim, how)
+  if reduce != "mean": return total
+  count = scatter_axis(fill(0, dtypes.int32, self.shape), index, fill(1, dtypes.int32, index.shape), dim, "add")
+  count = (count + (1 if hit is None else hit.logical_not())).maximum(1).cast(self.dtype)
+  return total.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else total / count
 
 
 def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value: Any = 0) -> Tensor:

@@ -467,6 +467,13 @@ def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike 
   return out.permute(tuple(kept.index(c) for c in rhs))
 
 
+def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None, dtype: DTypeLike | None = None) -> Tensor:
+  """`self @ weight + bias` with weight shaped (in, out), as in tinygrad (PyTorch's nn.Linear stores the transpose); a
+  1-d weight scales elementwise."""
+  x = self.mul(weight) if weight.ndim == 1 else self.dot(weight, dtype=dtype)
+  return x if bias is None else x.add(bias)
+
+
 class NNMixin:
   """Mixed into `Tensor`: the nn-level methods."""
   training: ClassVar[bool] = False  # `Tensor.training = True` turns dropout on (nn layers and optimizers set it)
@@ -479,3 +486,4 @@ class NNMixin:
   binary_crossentropy = binary_crossentropy; binary_crossentropy_logits = binary_crossentropy_logits
   sparse_categorical_crossentropy = sparse_categorical_crossentropy; cross_entropy = cross_entropy; nll_loss = nll_loss; interpolate = interpolate
   einsum = staticmethod(einsum)
+  linear = linear

@@ -1,5 +1,6 @@
-"""Random tensors from counter-based random bits: element i of a draw is THREEFRY(offset + i, key), computed by a
-kernel on the device. `Tensor.manual_seed(s)` sets the key and restarts every device's offset at 0; each draw then
+"""Random tensors from counter-based random bits: element i of a draw is Threefry-2x32 of the counter offset + i under
+the seed (a THREEFRY uop per output word, which the codegen lowers to 32-bit integer operations), computed by a kernel
+on the device. `Tensor.manual_seed(s)` sets the key and restarts every device's offset at 0; each draw then
 advances its device's offset by the number of elements it used, so the stream of one device does not depend on what
 was drawn on another, and the same seed gives the same numbers on every device."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.creation import canonical_device, dtype_problem
+from plugrad.tensor.creation import canonical_device
 from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
 
@@ -30,37 +31,21 @@ def manual_seed(seed: int = 0) -> None:
   _RNG.seed, _RNG.offsets = seed & (2**64 - 1), {}
 
 
-def random_bits(n: int, device: str) -> UOp:
-  """`n` random words on `device`, the next `n` of its stream: uint64, or, on a device without 64-bit integers, the high
-  32 bits of the same words as uint32 (computed with 32-bit operations)."""
+def random_bits(n: int, device: str, bits: int = 32) -> UOp:
+  """The next `n` random words of `device`'s stream: THREEFRY's high output word (uint32), or with `bits=64` both words
+  as uint64. The counter is built from 32-bit operations, so every device draws the same numbers."""
   offset = _RNG.offsets.get(device, 0)
   _RNG.offsets[device] = offset + n
-  if dtype_problem(device, _U64) is not None: return _threefry_high_word(n, device, offset)
-  index = iota(n, device, dtypes.int64 if n > dtypes.max(dtypes.int32) else dtypes.int32)
-  counter = index.cast(_U64).alu(Ops.ADD, const_uop(offset, _U64, device, (n,)))
-  return counter.alu(Ops.THREEFRY, const_uop(_RNG.seed, _U64, device, (n,)))
-
-
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _threefry_high_word(n: int, device: str, offset: int) -> UOp:
-  """The high word of THREEFRY(offset + i, seed) (`plugrad.uop.ops.threefry2x32`) from uint32 ops only, so a device
-  without 64-bit integers draws the same numbers as any other."""
-  if n > dtypes.max(dtypes.int32): raise ValueError(f"{device} draws at most {dtypes.max(dtypes.int32)} random numbers at once (no 64-bit integers)")
-  def c(v: int) -> UOp: return const_uop(v & 0xFFFFFFFF, _U32, device, (n,))
-  def add(a: UOp, b: UOp) -> UOp: return a.alu(Ops.ADD, b)
-  lo = add(iota(n, device, dtypes.int32).cast(_U32), c(offset))
-  hi = add(c(offset >> 32), lo.alu(Ops.CMPLT, c(offset)).cast(_U32))  # the carry out of the low word
-  k0, k1 = _RNG.seed & 0xFFFFFFFF, _RNG.seed >> 32
-  ks = (k0, k1, 0x1BD11BDA ^ k0 ^ k1)
-  x0, x1 = add(lo, c(ks[0])), add(hi, c(ks[1]))
-  for i in range(5):
-    for r in _ROTATIONS[i % 2]:
-      x0 = add(x0, x1)
-      x1 = x1.alu(Ops.SHL, c(r)).alu(Ops.OR, x1.alu(Ops.SHR, c(32 - r))).alu(Ops.XOR, x0)
-    x0, x1 = add(x0, c(ks[(i + 1) % 3])), add(x1, c(ks[(i + 2) % 3] + i + 1))
-  return x1
+  def c(v: int, dt: DType = _U32) -> UOp: return const_uop(v, dt, device, (n,))
+  if n <= dtypes.max(dtypes.int32):  # the low counter word wraps at most once: carry into the high one
+    lo = iota(n, device, dtypes.int32).cast(_U32).alu(Ops.ADD, c(offset & 0xFFFFFFFF))
+    hi = c(offset >> 32).alu(Ops.ADD, lo.alu(Ops.CMPLT, c(offset & 0xFFFFFFFF)).cast(_U32))
+  else:
+    ctr = iota(n, device, dtypes.int64).cast(_U64).alu(Ops.ADD, c(offset, _U64))
+    lo, hi = ctr.cast(_U32), ctr.alu(Ops.SHR, c(32, _U64)).cast(_U32)
+  words = [UOp(Ops.THREEFRY, _U32, (lo, hi), (_RNG.seed, w)) for w in ((1,) if bits == 32 else (1, 0))]
+  if bits == 32: return words[0]
+  return words[0].cast(_U64).alu(Ops.SHL, c(32, _U64)).alu(Ops.OR, words[1].cast(_U64))
 
 
 def _uniform_bits(bits: UOp, dt: DType) -> UOp:
@@ -92,7 +77,8 @@ def rand(cls: type[Tensor], *shape: Any, device: str | None = None, dtype: DType
   shp, dt = _draw("rand", shape, dtype, dtypes.default_float)
   if not dtypes.is_float(dt): raise TypeError(f"rand makes floats; got dtype {dt} (use randint for integers)")
   dev = canonical_device(device)
-  return _done(cls._wrap(_uniform_bits(random_bits(prod(shp), dev), dt)).reshape(shp), contiguous, requires_grad)
+  bits = random_bits(prod(shp), dev, 64 if dtypes.finfo(dt)[1] >= 32 else 32)  # the significand's bits, from one word
+  return _done(cls._wrap(_uniform_bits(bits, dt)).reshape(shp), contiguous, requires_grad)
 
 
 def randn(cls: type[Tensor], *shape: Any, dtype: DTypeLike | None = None, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
@@ -114,9 +100,8 @@ def randint(cls: type[Tensor], *shape: Any, low: int = 0, high: int = 10, dtype:
   if not dtypes.is_int(dt): raise TypeError(f"randint makes integers; got dtype {dt}")
   dev = canonical_device(device)
   n = prod(shp)
-  bits = random_bits(n, dev)
-  if bits.dtype is _U32 and high - low > 2**32: raise ValueError(f"randint on {dev} (no 64-bit integers) needs high - low <= 2**32, got {high - low}")
-  # the bias is at most (high-low) / 2^64 (2^32 on a device without 64-bit integers, whose numbers then differ)
+  bits = random_bits(n, dev, 32 if high - low < 2**32 else 64)
+  # the bias is at most (high - low) / 2^32 (2^64 for ranges of 2^32 or more)
   bits = bits.alu(Ops.MOD, const_uop(high - low, bits.dtype, dev, (n,)))
   wide = dtypes.int64 if bits.dtype is _U64 else dt
   ret = cls._wrap(bits.cast(wide).alu(Ops.ADD, const_uop(low, wide, dev, (n,))).cast(dt)).reshape(shp)

@@ -17,6 +17,7 @@ from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import dedup, prod
 from plugrad.tensor import bitcast as bc
 from plugrad.tensor import creation as cr
+from plugrad.tensor import custom as cu
 from plugrad.tensor import elementwise as ew
 from plugrad.tensor import movement as mv
 from plugrad.tensor import random as rnd
@@ -302,6 +303,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   flip = mv.flip; flatten = mv.flatten; unflatten = mv.unflatten; squeeze = mv.squeeze; unsqueeze = mv.unsqueeze
   cat = mv.cat; stack = mv.stack; split = mv.split; chunk = mv.chunk; repeat = mv.repeat; repeat_interleave = mv.repeat_interleave
   roll = mv.roll; shrink = mv.shrink; _broadcast_to = mv.broadcast_to; bitcast = bc.bitcast
+  run_program = staticmethod(cu.run_program)
   T = property(mv.T)
 
   # ---- Python operators (reflected forms put the other operand first; in-place forms assign)
@@ -357,9 +359,9 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
 
 
 def _old_value_readers(todo: list[UOp]) -> list[UOp]:
-  """The graphs of live tensors (outside `todo`) that read a buffer that an ASSIGN in `todo` writes, and not through that
-  ASSIGN: they were built from the old contents, so they must run before the write."""
-  assigns = {u for r in todo for u in r.toposort if u.op is Ops.ASSIGN}
+  """The graphs of live tensors (outside `todo`) that read a buffer that an ASSIGN (or a precompiled kernel's AFTER) in
+  `todo` writes, and not through it: they were built from the old contents, so they must run before the write."""
+  assigns = {u for r in todo for u in r.toposort if u.op in (Ops.ASSIGN, Ops.AFTER)}
   if not assigns: return []
   written = {_base(a.src[0]) for a in assigns}
   wanted = set(todo)

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from plugrad.builtin.python_renderer import TARGETS, PythonRenderer
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import CompiledDevice, Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.dtype import DType, dtypes
 from plugrad.plugin.hookspecs import device_name
 from plugrad.renderer.base import Renderer
-from plugrad.renderer.python import TARGETS, PythonRenderer
 from plugrad.testing.kernels import SuiteKernel, as_dtype, np_dtype
 from plugrad.uop.program import ProgramUOp
 
@@ -55,16 +55,16 @@ def check_kernel(dev: CompiledDevice, build: Callable[[Renderer], SuiteKernel], 
   kernel = build(dev.renderer)
   require(dev, kernel.needs, tier)
   if tier == "render":
-    src = dev.renderer.render(kernel.program(dev.name))
+    src = dev.renderer.render(kernel.program(dev.name, dev.renderer))
     assert isinstance(src, str) and src.strip(), f"{dev.name} rendered {kernel.name} to {src!r}"
     assert kernel.name in src, f"the source {dev.name} rendered for {kernel.name} does not name the kernel"
   elif tier == "compile":
-    lib = dev.compiler.compile_cached(dev.renderer.render(kernel.program(dev.name)), kernel.name)
+    lib = dev.compiler.compile_cached(dev.renderer.render(kernel.program(dev.name, dev.renderer)), kernel.name)
     assert isinstance(lib, bytes), f"{dev.name} compiled {kernel.name} to a {type(lib).__name__}, expected bytes"
   elif tier == "emulate":
-    p = kernel.program("PYTHON")
-    run_and_compare(Device["PYTHON"], p.with_source(emulating_renderer(dev).render(p)), kernel)
-  elif tier == "run": run_and_compare(dev, kernel.program(dev.name), kernel)
+    p = kernel.program("PYTHON", emu := emulating_renderer(dev))
+    run_and_compare(Device["PYTHON"], p.with_source(emu.render(p)), kernel)
+  elif tier == "run": run_and_compare(dev, kernel.program(dev.name, dev.renderer), kernel)
   else: raise ValueError(f"unknown conformance tier {tier!r}; the tiers are {TIERS}")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from plugrad.codegen.decompose import decompose_linear
 from plugrad.dtype import INVERSE_NAMES, AddrSpace, DType, dtypes
 from plugrad.renderer.base import Renderer
 from plugrad.renderer.tensor_cores import TensorCore
@@ -39,9 +40,10 @@ class SuiteKernel:
   rtol: float = 0.0
   atol: float = 0.0
 
-  def program(self, device: str) -> ProgramUOp:
+  def program(self, device: str, renderer: Renderer) -> ProgramUOp:
+    """The kernel for `renderer`, with the shared decompositions its flags ask for applied (as the codegen would)."""
     ast = UOp(Ops.SINK, dtypes.void, (), KernelInfo(self.name))
-    return make_program(ast, device).with_linear(self.uops)
+    return make_program(ast, device).with_linear(decompose_linear(self.uops, renderer))
 
 
 class LinearBuilder:
@@ -88,9 +90,11 @@ def np_dtype(dt: DType) -> np.dtype: return np.dtype(np.float32) if dt is dtypes
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
-  """float32 → nearest bfloat16 (ties to even), as float32."""
+  """float32 → nearest bfloat16 (ties to even), as float32; nan becomes the quiet nan of its sign. The host-side twin of
+  the codegen's emulation (`round_bf16_bits` in codegen/decompose.py), for building inputs and expected values."""
   b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-  return ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+  r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+  return np.where((b & 0x7FFFFFFF) > 0x7F800000, ((b & 0x80000000) | 0x7FC00000).astype(np.uint32), r).view(np.float32)
 
 
 def as_dtype(x: np.ndarray, dt: DType) -> np.ndarray:
@@ -339,17 +343,19 @@ def where_select(r: Renderer) -> SuiteKernel:
 
 
 def threefry(r: Renderer) -> SuiteKernel:
-  """The counter-based RNG: out[i] = threefry2x32(i, key) as uint64, against an independent numpy implementation."""
-  n = 16
+  """The counter-based RNG: out0[i], out1[i] = the high and low words of Threefry-2x32 of counter (i, 7) under a key, as
+  uint32 (THREEFRY, decomposed to 32-bit integer ops by the codegen), against an independent numpy implementation."""
+  n, key = 16, 0x1234_5678_9ABC_DEF0
   k = LinearBuilder()
-  out = k.glob(0, dtypes.uint64, n)
-  key = k.const(dtypes.uint64, 0x1234_5678_9ABC_DEF0)
+  hi, lo = k.glob(0, dtypes.uint32, n), k.glob(1, dtypes.uint32, n)
+  seven = k.const(dtypes.uint32, 7)
   i = k.range(n, 0)
-  ctr = k.emit(UOp(Ops.CAST, dtypes.uint64, (i,)))
-  k.store(out, i, k.alu(Ops.THREEFRY, ctr, key))
+  ctr = k.emit(UOp(Ops.CAST, dtypes.uint32, (i,)))
+  for buf, word in ((hi, 1), (lo, 0)): k.store(buf, i, k.emit(UOp(Ops.THREEFRY, dtypes.uint32, (ctr, seven), (key, word))))
   k.end(i)
-  return SuiteKernel("threefry", k.linear, {}, {0: _np_threefry(np.arange(n, dtype=np.uint64), 0x1234_5678_9ABC_DEF0)}, {0: n}, {0: dtypes.uint64},
-                     frozenset({"int64"}))
+  want = _np_threefry(np.arange(n, dtype=np.uint64) | np.uint64(7 << 32), key)
+  return SuiteKernel("threefry", k.linear, {}, {0: (want >> np.uint64(32)).astype(np.uint32), 1: (want & np.uint64(0xFFFFFFFF)).astype(np.uint32)},
+                     {0: n, 1: n}, {0: dtypes.uint32, 1: dtypes.uint32})
 
 
 def _np_threefry(x: np.ndarray, key: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import math
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
 from plugrad.helpers import cdiv, cmod
@@ -23,6 +23,8 @@ class Ops(enum.IntEnum):
   # --- tensor graph
   BUFFER = enum.auto(); UNIQUE = enum.auto(); BUFFER_VIEW = enum.auto(); COPY = enum.auto(); CONTIGUOUS = enum.auto()
   ASSIGN = enum.auto(); DETACH = enum.auto(); REDUCE_AXIS = enum.auto(); KERNEL = enum.auto(); AFTER = enum.auto(); IOTA = enum.auto()
+  # data-dependent indexing along one axis (docs/ir.md): GATHER(x, idx) reads, SCATTER(base, idx, src) writes
+  GATHER = enum.auto(); SCATTER = enum.auto()
   # --- movement (tensor graph; become index arithmetic in kernels)
   RESHAPE = enum.auto(); PERMUTE = enum.auto(); EXPAND = enum.auto(); PAD = enum.auto(); SHRINK = enum.auto(); FLIP = enum.auto()
   # --- defines
@@ -84,6 +86,8 @@ class KernelInfo:
   applied_opts: tuple[Any, ...] = ()
   opts_to_apply: tuple[Any, ...] | None = None
   dont_use_locals: bool = False
+  # written outside plugrad (`new_program`): its LINEAR only declares the signature, so nothing may render it again
+  external: bool = False
 
 
 ConstType = float | int | bool
@@ -444,7 +448,8 @@ def _round_via(x: float, fmt: str) -> float:
 
 
 def round_bf16(x: float) -> float:
-  """`x` rounded to float32, then to bfloat16 (nearest, ties to even), as the interpreter and every renderer round it."""
+  """`x` rounded to float32, then to bfloat16 (nearest, ties to even): constant folding's twin of the codegen's
+  emulation (`round_bf16_bits` in codegen/decompose.py), which every device without native bfloat16 runs."""
   return _round_bf16(x)
 
 
@@ -509,28 +514,43 @@ python_alu: dict[Ops, Callable[..., Any]] = {
 }
 
 
-def exec_alu(op: Ops, dtype: DType, operands: tuple[Any, ...]) -> Any:
-  """Evaluate one ALU op on Python scalars (or tuples, elementwise) with the C semantics of `dtype`."""
+def exec_alu(op: Ops, dtype: DType, operands: tuple[Any, ...], arg: Any = None) -> Any:
+  """Evaluate one ALU op on Python scalars (or tuples, elementwise) with the C semantics of `dtype` (`arg`: the UOp's,
+  which only THREEFRY reads)."""
   if dtype.count > 1:
-    return tuple(exec_alu(op, dtype.scalar(), tuple(o[i] if isinstance(o, tuple) else o for o in operands)) for i in range(dtype.count))
-  if op is Ops.THREEFRY: return threefry2x32(operands[0], operands[1])
+    return tuple(exec_alu(op, dtype.scalar(), tuple(o[i] if isinstance(o, tuple) else o for o in operands), arg) for i in range(dtype.count))
+  if op is Ops.THREEFRY: return threefry2x32(_Word(operands[0]), _Word(operands[1]), arg[0], _Word)[arg[1]].v
   return _wrap(dtype)(python_alu[op](*operands))
 
 
-def threefry2x32(x: int, key: int) -> int:
-  """Threefry-2x32 with 20 rounds (Salmon et al. 2011): counter `x` and key `key`, both uint64 (two 32-bit words)."""
-  m = 0xFFFFFFFF
-  x0, x1, k0, k1 = x & m, (x >> 32) & m, key & m, (key >> 32) & m
+THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_W = TypeVar("_W")
+
+
+def threefry2x32(x0: _W, x1: _W, key: int, const: Callable[[int], _W]) -> tuple[_W, _W]:
+  """Threefry-2x32 with 20 rounds (Salmon et al. 2011): the two output words for the counter words (x0, x1) and the
+  64-bit `key`, from wrapping 32-bit `+ ^ | << >>` only. The one definition of THREEFRY: the codegen runs it on uint32
+  UOps (`const` makes a constant; codegen/decompose.py), the constant folder on `_Word`s."""
+  k0, k1 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
   ks = (k0, k1, 0x1BD11BDA ^ k0 ^ k1)
-  rot = ((13, 15, 26, 6), (17, 29, 16, 24))
-  x0, x1 = (x0 + ks[0]) & m, (x1 + ks[1]) & m
+  x0, x1 = x0 + const(ks[0]), x1 + const(ks[1])  # type: ignore[operator]
   for i in range(5):
-    for r in rot[i % 2]:
-      x0 = (x0 + x1) & m
-      x1 = ((x1 << r) | (x1 >> (32 - r))) & m
-      x1 ^= x0
-    x0, x1 = (x0 + ks[(i + 1) % 3]) & m, (x1 + ks[(i + 2) % 3] + i + 1) & m
-  return (x1 << 32) | x0
+    for r in THREEFRY_ROTATIONS[i % 2]:
+      x0 = x0 + x1  # type: ignore[operator]
+      x1 = ((x1 << const(r)) | (x1 >> const(32 - r))) ^ x0  # type: ignore[operator]
+    x0, x1 = x0 + const(ks[(i + 1) % 3]), x1 + const((ks[(i + 2) % 3] + i + 1) & 0xFFFFFFFF)  # type: ignore[operator]
+  return x0, x1
+
+
+class _Word:
+  """A uint32 Python value with C's wrapping operators (what `threefry2x32` uses)."""
+  __slots__ = ("v",)
+  def __init__(self, v: int): self.v = v & 0xFFFFFFFF
+  def __add__(self, o: _Word) -> _Word: return _Word(self.v + o.v)
+  def __xor__(self, o: _Word) -> _Word: return _Word(self.v ^ o.v)
+  def __or__(self, o: _Word) -> _Word: return _Word(self.v | o.v)
+  def __lshift__(self, o: _Word) -> _Word: return _Word(self.v << o.v)
+  def __rshift__(self, o: _Word) -> _Word: return _Word(self.v >> o.v)
 
 
 # ---- printing

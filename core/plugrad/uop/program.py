@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from plugrad.dtype import PtrDType, dtypes
+from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.helpers import all_int
 from plugrad.uop import spec
 from plugrad.uop.ops import OP_CLASSES, GroupOp, KernelInfo, Ops, UOp, sint
@@ -30,6 +30,11 @@ class ProgramError(ValueError):
 
 class ProgramStageError(ProgramError):
   """A PROGRAM is not at the stage an accessor or builder needs."""
+
+
+class ProgramArgumentError(ProgramError):
+  """A kernel was given arguments that do not fit its signature (buffer count, dtype, device, writability, variables);
+  the message names the kernel and the argument."""
 
 
 # ---- symbolic sizes: launch sizes and loop trips are given in the `index` domain, like tensor shapes
@@ -245,6 +250,20 @@ class ProgramUOp(UOp):
     return self._slots(Ops.STORE)
 
   @functools.cached_property
+  def signature(self) -> tuple[tuple[DType, str], ...]:
+    """Per buffer slot, (element dtype, "in" | "out" | "inout"): what `new_program` takes as `buffers`. A slot neither
+    loaded nor stored counts as "in"."""
+    ins, outs = set(self.ins), set(self.outs)
+    # the dtype the kernel was written for: the codegen may store one as another (bfloat16 as uint16, codegen/decompose.py)
+    declared = {u.arg: u.dtype.base for u in self.ast.toposort if u.op is Ops.DEFINE_GLOBAL} if self.stage != "ast" else {}
+    return tuple((declared.get(g.arg, g.dtype.base), ("inout" if g.arg in ins else "out") if g.arg in outs else "in") for g in self.buffers)
+
+  @property
+  def external(self) -> bool:
+    """Whether the program was written outside plugrad (`new_program`): its LINEAR declares the signature only."""
+    return self.info.external
+
+  @functools.cached_property
   def vars(self) -> tuple[UOp, ...]:
     """The DEFINE_VARs of the kernel sorted by name: their values are passed to a launch in this order."""
     found = {u.src[0] if u.op is Ops.BIND else u: None for u in self._nodes if u.op in (Ops.DEFINE_VAR, Ops.BIND)}
@@ -336,4 +355,102 @@ def make_program(ast: UOp, device: str) -> ProgramUOp:
   return _checked(UOp(Ops.PROGRAM, dtypes.void, (ast, UOp(Ops.DEVICE, dtypes.void, (), device))))
 
 
-__all__ = ["LAYOUT", "PROGRAM_STAGES", "Estimates", "ProgramError", "ProgramStageError", "ProgramUOp", "make_program"]
+# ---- programs written outside plugrad
+
+BUFFER_MODES = ("in", "out", "inout")
+
+
+def new_program(name: str, device: str, *, source: str | None = None, binary: bytes | None = None, buffers: Sequence[tuple[DType, str]],
+                global_size: Sequence[sint], local_size: Sequence[sint] = (1, 1, 1), vars: Sequence[Any] = ()) -> ProgramUOp:
+  """A PROGRAM for a kernel written outside plugrad, at the "source" stage (the device's compiler compiles `source`)
+  or, given `binary`, at the "binary" stage (used as is; `source`, if also given, is kept for reading only).
+
+  The signature is stated as a synthetic LINEAR that the accessors read like any other: a DEFINE_GLOBAL per buffer
+  (slot order), a DEFINE_VAR per variable, the size expressions and their `gidxN`/`lidxN` SPECIALs, and for each buffer a
+  LOAD and/or STORE at index 0 that marks it read ("in"), written ("out") or both ("inout"). Its SINK is empty with
+  `KernelInfo(name, external=True)`: no component may render that LINEAR again (it does not compute the kernel).
+  `vars` are Variables (DEFINE_VARs) or (name, min, max) tuples, declared in name order, the order launches pass them.
+  Sizes are ints >= 1 or integer expressions over the declared variables."""
+  if not isinstance(name, str) or not name: raise ProgramError(f"new_program needs the kernel's name as a non-empty str, got {name!r}")
+  def fail(why: str) -> ProgramError: return ProgramError(f"new_program {name!r}: {why}")
+  if not isinstance(device, str) or not spec.DEVICE_RE.fullmatch(device): raise fail(f"device must be a canonical name like 'CPU', got {device!r}")
+  if source is None and binary is None: raise fail("give the kernel's source (compiled by the device's compiler) or its binary (used as is)")
+  if source is not None and not isinstance(source, str): raise fail(f"source must be a str, got {type(source).__name__}")
+  if binary is not None and not isinstance(binary, (bytes, bytearray, memoryview)): raise fail(f"binary must be bytes, got {type(binary).__name__}")
+  if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
+    raise fail(f"buffers must be a list of (dtype, mode) pairs, got {type(buffers).__name__}")
+  globs: list[tuple[UOp, str]] = []
+  for i, b in enumerate(buffers):
+    if not isinstance(b, (tuple, list)) or len(b) != 2: raise fail(f"buffer {i} must be a (dtype, mode) pair, got {b!r}")
+    dt, mode = b
+    if not isinstance(dt, DType) or isinstance(dt, PtrDType) or dt.count != 1 or dt in (dtypes.void, dtypes.index):
+      raise fail(f"buffer {i}: the dtype must be a scalar element dtype like dtypes.float32, got {dt!r}")
+    if mode not in BUFFER_MODES: raise fail(f"buffer {i}: the mode must be one of {BUFFER_MODES}, got {mode!r}")
+    globs.append((UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), i), mode))
+  if all(m == "in" for _, m in globs): raise fail("the kernel writes no buffer: declare at least one 'out' or 'inout' buffer")
+  declared = [_declared_var(v, fail) for v in (vars if isinstance(vars, (tuple, list)) else [vars])]
+  if [v.arg[0] for v in declared] != sorted(v.arg[0] for v in declared) or len({v.arg[0] for v in declared}) != len(declared):
+    raise fail(f"declare vars once each and sorted by name (launches pass their values in name order), got {[v.arg[0] for v in declared]}")
+  by_name = {v.arg[0]: v for v in declared}
+  sizes: list[UOp] = []
+  for kind, dims in (("gidx", global_size), ("lidx", local_size)):
+    what = "global_size" if kind == "gidx" else "local_size"
+    if isinstance(dims, (int, UOp)): dims = (dims,)
+    if not isinstance(dims, Sequence) or not 1 <= len(dims) <= 3: raise fail(f"{what} must be 1 to 3 sizes, got {dims!r}")
+    for i, d in enumerate(dims):
+      if not (isinstance(d, int) and d == 1):
+        sizes.append(UOp(Ops.SPECIAL, dtypes.int32, (_launch_size(d, by_name, f"{what}[{i}]", fail),), f"{kind}{i}"))
+  zero = UOp.const(dtypes.int32, 0)
+  access: list[UOp] = []
+  for g, mode in globs:
+    idx = UOp(Ops.INDEX, g.dtype, (g, zero))
+    ld = UOp(Ops.LOAD, g.dtype.base, (idx,))
+    if mode != "out": access += [idx, ld]
+    if mode != "in": access += [idx, UOp(Ops.STORE, dtypes.void, (idx, ld if mode == "inout" else UOp.const(g.dtype.base, 0)))]
+  order = _in_order([*(g for g, _ in globs), *declared, *sizes, *access])
+  sink = UOp(Ops.SINK, dtypes.void, (), KernelInfo(name, external=True))
+  p = make_program(sink, device).with_linear(order).with_source(source if source is not None else "")
+  return p if binary is None else p.with_binary(bytes(binary))
+
+
+def _in_order(uops: list[UOp]) -> list[UOp]:
+  """`uops` (deduplicated) with every source placed before its user."""
+  out: dict[UOp, None] = {}
+  for u in uops:
+    for n in u.toposort: out.setdefault(n, None)
+  return list(out)
+
+
+def _declared_var(v: Any, fail: Any) -> UOp:
+  if isinstance(v, UOp) and v.op is Ops.DEFINE_VAR: (name, lo, hi), dt = v.arg, v.dtype
+  elif isinstance(v, (tuple, list)) and len(v) == 3: (name, lo, hi), dt = v, dtypes.index
+  else: raise fail(f"each var must be a Variable or a (name, min, max) tuple, got {v!r}")
+  if not isinstance(name, str) or not name or not all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi)) or lo > hi:
+    raise fail(f"var {v!r} needs a non-empty name and int bounds min <= max")
+  if dt is dtypes.index or not dtypes.is_int(dt):
+    dt = dtypes.int32 if dtypes.min(dtypes.int32) <= lo and hi <= dtypes.max(dtypes.int32) else dtypes.int64
+  elif dt not in (dtypes.int32, dtypes.int64): raise fail(f"var {name!r}: a kernel takes int32 or int64 variables, got {dt!r}")
+  return UOp(Ops.DEFINE_VAR, dt, (), (name, lo, hi))
+
+
+def _launch_size(d: Any, by_name: dict[str, UOp], what: str, fail: Any) -> UOp:
+  """A launch size as an int32 expression over the declared variables."""
+  if isinstance(d, int) and not isinstance(d, bool):
+    if d < 1: raise fail(f"{what} must be >= 1, got {d}")
+    return UOp.const(dtypes.int32, d)
+  if not isinstance(d, UOp) or isinstance(d.dtype, PtrDType) or not dtypes.is_int(d.dtype):
+    raise fail(f"{what} must be an int or an integer expression of the declared vars, got {d!r}")
+  done: dict[UOp, UOp] = {}
+  for u in d.toposort:
+    if u.op is Ops.DEFINE_VAR:
+      if (v := by_name.get(u.arg[0])) is None:
+        raise fail(f"{what} uses variable {u.arg[0]!r}, which is not among the declared vars {sorted(by_name)}")
+      done[u] = v if v.dtype is dtypes.int32 else v.cast(dtypes.int32)
+    elif u.op is Ops.BIND: done[u] = done[u.src[0]]
+    else: done[u] = UOp(u.op, dtypes.int32 if u.dtype is dtypes.index else u.dtype, tuple(done[s] for s in u.src), u.arg)
+  if done[d].dtype is not dtypes.int32: raise fail(f"{what} must be an int32 or index expression, got one of {done[d].dtype!r}")
+  return done[d]
+
+
+__all__ = ["BUFFER_MODES", "LAYOUT", "PROGRAM_STAGES", "Estimates", "ProgramArgumentError", "ProgramError", "ProgramStageError", "ProgramUOp",
+           "make_program", "new_program"]

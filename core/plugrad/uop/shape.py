@@ -44,6 +44,8 @@ def _node_shape(u: UOp) -> Shape | None:
   if op is Ops.PAD: return tuple(d + b + a if isinstance(d, int) else _simple(d + b + a) for d, (b, a) in zip(s, u.arg))
   if op is Ops.SHRINK: return tuple(e if isinstance(b, int) and b == 0 else _simple(e - b) for b, e in u.arg)
   if op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
+  if op is Ops.GATHER: return _gather_shape(u)
+  if op is Ops.SCATTER: _scatter_check(u)
   if op is Ops.BITCAST and s is not None and src[0].dtype.itemsize != u.dtype.itemsize and s:
     return (*s[:-1], s[-1] * src[0].dtype.itemsize // u.dtype.itemsize)
   if op in GroupOp.ALU:
@@ -53,6 +55,25 @@ def _node_shape(u: UOp) -> Shape | None:
         raise ShapeError(f"{op.name} of mismatched shapes {fmt(shapes[0])} and {fmt(other)}")
     return shapes[0] if shapes else None
   return s
+
+
+def _gather_shape(u: UOp) -> Shape:
+  """GATHER(x, idx) arg=axis: the shape of idx, which must be x's except along the axis."""
+  xs, ix, ax = u.src[0].__dict__["_shape"], u.src[1].__dict__["_shape"], u.arg
+  if xs is None or ix is None or len(xs) != len(ix) or not 0 <= ax < len(xs) or \
+     any(not _eq(a, b) for d, (a, b) in enumerate(zip(xs, ix)) if d != ax):
+    raise ShapeError(f"GATHER along axis {ax}: index {fmt(ix)} must have the shape of the source {fmt(xs)} except along the axis")
+  return ix
+
+
+def _scatter_check(u: UOp) -> None:
+  """SCATTER(base, idx, src) arg=(axis, how): idx and src share a shape, no larger than base's outside the axis."""
+  bs, ix, ss = (s.__dict__["_shape"] for s in u.src)
+  ax = u.arg[0]
+  if bs is None or ix is None or ss is None or len(ix) != len(bs) or not 0 <= ax < len(bs) or len(ss) != len(ix) or \
+     any(not _eq(a, b) for a, b in zip(ix, ss)) or \
+     any(isinstance(i, int) and isinstance(b, int) and i > b for d, (b, i) in enumerate(zip(bs, ix)) if d != ax):
+    raise ShapeError(f"SCATTER along axis {ax}: index {fmt(ix)} and source {fmt(ss)} must match and fit in {fmt(bs)} outside the axis")
 
 
 def shape_of(root: UOp) -> Shape | None:

@@ -109,7 +109,9 @@ def _alu(u: UOp) -> str | None:
   if op is Ops.WHERE:
     if src[0].dtype.scalar() is not dtypes.bool or src[0].dtype.count not in (1, dt.count): return "WHERE needs a bool condition"
     return None if src[1].dtype is dt and src[2].dtype is dt else "WHERE needs two values of the result dtype"
-  if op is Ops.THREEFRY: return None if dt is src[0].dtype is src[1].dtype is dtypes.uint64 else "THREEFRY needs uint64 sources and result"
+  if op is Ops.THREEFRY:
+    ok = dt.scalar() is dtypes.uint32 and dt is src[0].dtype is src[1].dtype and isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[1] in (0, 1)
+    return None if ok else "THREEFRY needs uint32 counter words, a uint32 result and arg (key, word 0 or 1)"
   if op in (Ops.SHL, Ops.SHR):
     if src[0].dtype is not dt or not dtypes.is_int(dt) or not dtypes.is_int(src[1].dtype) or src[1].dtype.count != dt.count:
       return f"{_name(u)} needs an integer value of the result dtype and an integer shift of the same width"
@@ -222,6 +224,29 @@ def _reduce_axis(u: UOp) -> str | None:
 
 
 def _any(u: UOp) -> str | None: return None
+
+
+def _kernel(u: UOp) -> str | None:
+  # a precompiled kernel in the tensor graph (run_program): its slot tensors, then the BINDs of its variables
+  if not isinstance(u.arg, UOp) or u.arg.op is not Ops.PROGRAM or u.dtype is not dtypes.void: return "KERNEL needs a PROGRAM arg and dtype void"
+  nb = sum(s.op is not Ops.BIND for s in u.src)
+  return None if all(s.op is Ops.BIND for s in u.src[nb:]) else "KERNEL sources are the slot tensors, then BINDs"
+
+
+SCATTER_HOW = ("set", "add", "mul", "max", "min")
+
+
+def _gather(u: UOp) -> str | None:
+  if len(u.src) != 2 or u.src[0].dtype is not u.dtype: return "GATHER needs sources (value of its dtype, index)"
+  if not _int_dt(u.src[1].dtype) or u.src[1].dtype is dtypes.bool: return "GATHER index must have an integer dtype"
+  return None if _is_int(u.arg) and u.arg >= 0 else "GATHER arg must be the axis (an int >= 0)"
+
+
+def _scatter(u: UOp) -> str | None:
+  if len(u.src) != 3 or u.src[0].dtype is not u.dtype or u.src[2].dtype is not u.dtype: return "SCATTER needs sources (base, index, src) of its dtype"
+  if not _int_dt(u.src[1].dtype) or u.src[1].dtype is dtypes.bool: return "SCATTER index must have an integer dtype"
+  ok = isinstance(u.arg, tuple) and len(u.arg) == 2 and _is_int(u.arg[0]) and u.arg[0] >= 0 and u.arg[1] in SCATTER_HOW
+  return None if ok else f"SCATTER arg must be (axis, one of {SCATTER_HOW})"
 
 
 # ---- kernels and linear programs
@@ -342,9 +367,10 @@ _VALUES: dict[Ops, Check] = {**{op: _alu for op in GroupOp.ALU}, Ops.CONST: _con
 
 TENSOR_RULES: dict[Ops, Check] = {
   **_VALUES, **{op: _movement for op in GroupOp.Movement}, Ops.CONST: _tensor_const,
-  Ops.SINK: _any, Ops.KERNEL: _any, Ops.BUFFER: _buffer, Ops.IOTA: _iota, Ops.UNIQUE: _unique, Ops.DEVICE: _device,
+  Ops.SINK: _any, Ops.KERNEL: _kernel, Ops.BUFFER: _buffer, Ops.IOTA: _iota, Ops.UNIQUE: _unique, Ops.DEVICE: _device,
   Ops.DEFINE_VAR: _define_var, Ops.BIND: _bind,
-  Ops.REDUCE_AXIS: _reduce_axis, Ops.COPY: _copy, Ops.CONTIGUOUS: _same_as_src0("CONTIGUOUS", 1, None), Ops.DETACH: _same_as_src0("DETACH"),
+  Ops.REDUCE_AXIS: _reduce_axis, Ops.GATHER: _gather, Ops.SCATTER: _scatter,
+  Ops.COPY: _copy, Ops.CONTIGUOUS: _same_as_src0("CONTIGUOUS", 1, None), Ops.DETACH: _same_as_src0("DETACH"),
   Ops.ASSIGN: _same_as_src0("ASSIGN", 2, 2), Ops.AFTER: _same_as_src0("AFTER", 1, None), Ops.BUFFER_VIEW: _same_as_src0("BUFFER_VIEW"),
 }
 

@@ -440,7 +440,7 @@ def _fold_max(x: UOp) -> UOp | None:
 
 def _fold_const(x: UOp, **_: UOp) -> UOp | None:
   if x.dtype.count != 1 or isinstance(x.dtype, PtrDType): return None
-  try: return UOp.const(x.dtype, exec_alu(x.op, x.dtype, tuple(s.arg for s in x.src)))
+  try: return UOp.const(x.dtype, exec_alu(x.op, x.dtype, tuple(s.arg for s in x.src), x.arg))
   except (ValueError, OverflowError, ZeroDivisionError, UOpError): return None  # e.g. a negative shift: leave it to run time
 
 
@@ -570,7 +570,7 @@ def sym_infer(x: sint, var_vals: Mapping[Any, int]) -> int:
       if not lo <= val <= hi: raise SymbolicError(f"sym_infer: value {val} is out of the range [{lo}, {hi}] of Variable {name!r}")
       vals[u] = val
     elif op is Ops.BIND: vals[u] = vals[u.src[0]]
-    elif op in GroupOp.ALU: vals[u] = exec_alu(op, u.dtype, tuple(vals[s] for s in u.src))
+    elif op in GroupOp.ALU: vals[u] = exec_alu(op, u.dtype, tuple(vals[s] for s in u.src), u.arg)
     elif op is Ops.CAST: vals[u] = exec_alu(Ops.MUL, u.dtype, (vals[u.src[0]], 1))
     else: raise SymbolicError(f"sym_infer cannot evaluate {op!r} (in {x.render(False)})")
   return vals[x]

@@ -5,7 +5,7 @@ import ctypes
 
 import numpy as np
 
-from plugrad.device.allocator import Allocator, BufferSpec
+from plugrad.backend import Allocator, BufferSpec
 
 ALIGN = 64
 

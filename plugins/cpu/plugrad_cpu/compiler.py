@@ -5,8 +5,7 @@ import os
 import subprocess
 import tempfile
 
-from plugrad.device.compiler import Compiler
-from plugrad.device.errors import CompileError
+from plugrad.backend import CompileError, Compiler
 from plugrad_cpu.toolchain import Toolchain
 
 

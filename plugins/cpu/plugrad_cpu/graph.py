@@ -13,9 +13,7 @@ import ctypes
 import time
 from collections.abc import Sequence
 
-from plugrad.device.buffer import Buffer
-from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
-from plugrad.device.registry import Device
+from plugrad.backend import Buffer, Device, GraphError, GraphKernel, GraphRunner
 from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.compiler import CPUCompiler
 from plugrad_cpu.runtime import CPUProgram, load_shared

@@ -12,8 +12,7 @@ import os
 import threading
 from typing import Any
 
-from plugrad.device.compiler import Compiler
-from plugrad.device.errors import CompileError, LaunchError
+from plugrad.backend import CompileError, Compiler, LaunchError
 from plugrad_cpu.compiler import objdump
 
 OPT_LEVEL = 2

@@ -2,16 +2,15 @@
 
 It computes exactly what the C renderer (`CPURenderer`) computes, which is what the PYTHON interpreter computes: the
 same signature (buffers in slot order, variables by name, then `core_id, core_count`), the same parallel split of the
-same loop (with `PARALLEL_MARK` as a comment), and C's semantics written out where LLVM's differ: integer division and
-remainder by 0 give 0 and INT_MIN / -1 does not trap, shifts by a negative or too large amount give 0 (or the sign),
-float MAX propagates nan, float → int casts truncate with nan/inf giving 0 and huge values wrapping, MULACC on floats
-is a fused multiply-add and no other float op is contracted (no fast-math flags anywhere).
+same loop (with `PARALLEL_MARK` as a comment), and C's semantics written out where LLVM's differ: float → int casts
+truncate with nan/inf giving 0 and huge values wrapping, MULACC on floats is a fused multiply-add and no other float op
+is contracted (no fast-math flags anywhere). The integer division and shift guards, nan-propagating MAX and THREEFRY
+are lowered before rendering by the shared passes (codegen/decompose.py): sdiv/srem/shl/ashr here are LLVM's own.
 
-Values: bool is `i1` (a byte in memory), float16 and bfloat16 compute in `float` and are rounded to their type after
-every op (to `half` in memory; bfloat16 is stored as `i16` and rounded with integer ops to nearest even, because a
-hardware conversion may flush subnormals). Register arrays (DEFINE_REG) are `alloca`s in the entry block, which the
-O2 pipeline's SROA turns into registers. A gated load or store branches around the access, so memory is never touched
-when the gate is false.
+Values: bool is `i1` (a byte in memory), float16 computes in `float` and is rounded to `half` after every op; bfloat16
+never gets here (the codegen emulates it with float32 values and uint16 memory, codegen/decompose.py). Register arrays
+(DEFINE_REG) are `alloca`s in the entry block, which the O2 pipeline's SROA turns into registers. A gated load or
+store branches around the access, so memory is never touched when the gate is false.
 """
 from __future__ import annotations
 
@@ -22,14 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import Renderer, RendererError, linear_parts
-from plugrad.renderer.cstyle import c_identifier
-from plugrad.uop.ops import GroupOp, Ops, UOp, round_bf16
+from plugrad.backend import DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes, linear_parts
 from plugrad_cpu.llvm_compiler import QUICK_MARK
 from plugrad_cpu.renderer import PARALLEL_MARK, cpu_order
+from plugrad_cpu.vmath import expand_exp2
 
-_F16, _BF16 = dtypes.float16, dtypes.bfloat16
+_F16 = dtypes.float16
 _CMP_F = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}
 _CMP_S = {Ops.CMPLT: "slt", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}
 _CMP_U = {Ops.CMPLT: "ult", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}
@@ -48,7 +45,7 @@ def scalar_type(dt: DType) -> str:
 
 def memory_type(dt: DType) -> str:
   """The LLVM type of scalar dtype `dt` in memory."""
-  return "i8" if dt is dtypes.bool else "half" if dt is _F16 else "i16" if dt is _BF16 else scalar_type(dt)
+  return "i8" if dt is dtypes.bool else "half" if dt is _F16 else scalar_type(dt)
 
 
 def _vec(t: str, n: int) -> str: return t if n == 1 else f"<{n} x {t}>"
@@ -65,7 +62,7 @@ def scalar_const(v: float | int | bool, dt: DType) -> str:
   if dtypes.is_float(dt):
     x = float(v)
     if math.isfinite(x) and dt is not dtypes.float64:
-      x = float(np.float16(x)) if dt is _F16 else round_bf16(x) if dt is _BF16 else float(np.float32(x))
+      x = float(np.float16(x)) if dt is _F16 else float(np.float32(x))
     return _hex(x)
   bits = 8 * dt.itemsize
   i = int(v) & ((1 << bits) - 1)
@@ -115,7 +112,7 @@ class LLVMRenderer(Renderer):
 
   def render(self, program: UOp) -> str:
     name, uops = linear_parts(program)
-    src = _Kernel(self).render(name, uops)
+    src = _Kernel(self).render(name, expand_exp2(uops))
     est = program.estimates  # type: ignore[attr-defined]  # ProgramUOp accessor (uop/program.py)
     small = isinstance(est.ops, int) and isinstance(est.lds, int) and est.ops + est.lds < QUICK_WORK_MAX
     return f"{QUICK_MARK}\n{src}" if small else src
@@ -198,38 +195,19 @@ class _Kernel:
     s, n = dt.scalar(), dt.count
     if s is dtypes.bool: return self.emit(f"zext {ltype(dt)} {x} to {_vec('i8', n)}")
     if s is _F16: return self.emit(f"fptrunc {ltype(dt)} {x} to {_vec('half', n)}")
-    if s is _BF16:
-      b = self.emit(f"bitcast {ltype(dt)} {x} to {_vec('i32', n)}")  # the value is a bfloat16 already: its top half
-      h = self.emit(f"lshr {_vec('i32', n)} {b}, {self.const(16, dtypes.int32.vec(n) if n > 1 else dtypes.int32)}")
-      return self.emit(f"trunc {_vec('i32', n)} {h} to {_vec('i16', n)}")
     return x
 
   def from_memory(self, x: str, dt: DType) -> str:
     s, n = dt.scalar(), dt.count
     if s is dtypes.bool: return self.emit(f"icmp ne {_vec('i8', n)} {x}, zeroinitializer")
     if s is _F16: return self.emit(f"fpext {_vec('half', n)} {x} to {ltype(dt)}")
-    if s is _BF16:
-      w = self.emit(f"zext {_vec('i16', n)} {x} to {_vec('i32', n)}")
-      h = self.emit(f"shl {_vec('i32', n)} {w}, {self.const(16, dtypes.int32.vec(n) if n > 1 else dtypes.int32)}")
-      return self.emit(f"bitcast {_vec('i32', n)} {h} to {ltype(dt)}")
     return x
 
   def round16(self, x: str, dt: DType) -> str:
-    """A float value rounded to the 16-bit float dtype of `dt` (nearest even), still as float; other dtypes: `x`."""
-    s, n = dt.scalar(), dt.count
-    if s is _F16:
-      ht = _vec("half", n)
-      return self.emit(f"fpext {ht} {self.emit(f'fptrunc {ltype(dt)} {x} to {ht}')} to {ltype(dt)}")
-    if s is not _BF16: return x
-    i32, it = dtypes.int32.vec(n) if n > 1 else dtypes.int32, _vec("i32", n)
-    b = self.emit(f"bitcast {ltype(dt)} {x} to {it}")
-    odd = self.emit(f"and {it} {self.emit(f'lshr {it} {b}, {self.const(16, i32)}')}, {self.const(1, i32)}")
-    up = self.emit(f"add {it} {self.emit(f'add {it} {b}, {self.const(0x7FFF, i32)}')}, {odd}")
-    rounded = self.emit(f"and {it} {up}, {self.const(-65536, i32)}")
-    qnan = self.emit(f"or {it} {self.emit(f'and {it} {b}, {self.const(-(1 << 31), i32)}')}, {self.const(0x7FC00000, i32)}")
-    isnan = self.emit(f"fcmp uno {ltype(dt)} {x}, {x}")
-    picked = self.emit(f"select {_vec('i1', n)} {isnan}, {it} {qnan}, {it} {rounded}")
-    return self.emit(f"bitcast {it} {picked} to {ltype(dt)}")
+    """A float value rounded to float16 (nearest even), still as float; other dtypes: `x`."""
+    if dt.scalar() is not _F16: return x
+    ht = _vec("half", dt.count)
+    return self.emit(f"fpext {ht} {self.emit(f'fptrunc {ltype(dt)} {x} to {ht}')} to {ltype(dt)}")
 
   # ---- the kernel
   def render(self, kname: str, uops: tuple[UOp, ...]) -> str:
@@ -326,22 +304,19 @@ class _Kernel:
     elif op in GroupOp.ALU:
       n = u.dtype.count
       args = [(self.splat(v[s], s.dtype, n), s.dtype.scalar().vec(n) if n > 1 else s.dtype) for s in u.src]
-      divisor = u.src[1].arg if len(u.src) > 1 and u.src[1].op is Ops.CONST else None
-      v[u] = self.alu(op, u.dtype, args, divisor)
+      v[u] = self.alu(op, u.dtype, args)
     else: raise RendererError(f"LLVMRenderer cannot render {op.name} (uop #{i})")
 
   # ---- ALU
-  def alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]], const: int | None = None) -> str:
+  def alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]]) -> str:
     """`op` with result dtype `dt` (scalar or vector) on operands (value, dtype) with as many lanes as `dt`."""
     a = [x for x, _ in args]
     sdt = args[-1][1] if op is Ops.WHERE else args[0][1]
     s, t = sdt.scalar(), ltype(sdt)
-    n = dt.count
     if op is Ops.WHERE: return self.emit(f"select {ltype(args[0][1])} {a[0]}, {t} {a[1]}, {t} {a[2]}")
     if op in GroupOp.Comparison:
       if dtypes.is_float(s): return self.emit(f"fcmp {_CMP_F[op]} {t} {a[0]}, {a[1]}")
       return self.emit(f"icmp {(_CMP_U if s is dtypes.bool or dtypes.is_unsigned(s) else _CMP_S)[op]} {t} {a[0]}, {a[1]}")
-    if op is Ops.THREEFRY: return self.lanewise(dt, args, lambda x: self.emit(f"call i64 {self.threefry()}(i64 {x[0]}, i64 {x[1]})"))
     d = dt.scalar()
     if d is dtypes.bool:
       if op in _BOOL_BIN: return self.emit(f"{_BOOL_BIN[op]} {t} {a[0]}, {a[1]}")
@@ -351,24 +326,20 @@ class _Kernel:
       if op is Ops.MULACC: return self.emit(f"or {t} {self.emit(f'and {t} {a[0]}, {a[1]}')}, {a[2]}")
       if op is Ops.TRUNC: return a[0]
       raise RendererError(f"LLVMRenderer: no bool {op.name}")
-    if dtypes.is_int(d): return self.int_alu(op, dt, args, const)
+    if dtypes.is_int(d): return self.int_alu(op, dt, args)
     if op in _FLOAT_BIN: e = self.emit(f"{_FLOAT_BIN[op]} {t} {a[0]}, {a[1]}")
     elif op is Ops.NEG: return self.emit(f"fneg {t} {a[0]}")
     elif op is Ops.RECIPROCAL: e = self.emit(f"fdiv {t} {self.const(1.0, dt)}, {a[0]}")
-    elif op is Ops.MAX:
-      # nan wins, like numpy; two selects and no branch (a data-dependent branch mispredicts in a max-pool)
-      m = self.emit(f"select {_vec('i1', n)} {self.emit(f'fcmp ogt {t} {a[0]}, {a[1]}')}, {t} {a[0]}, {t} {a[1]}")
-      return self.emit(f"select {_vec('i1', n)} {self.emit(f'fcmp uno {t} {a[0]}, {a[0]}')}, {t} {a[0]}, {t} {m}")
     elif op in _MATH:
       fn = self.intrinsic(_MATH[op], t, len(a))
       e = self.emit(f"call {t} {fn}({', '.join(f'{t} {x}' for x in a)})")
     else: raise RendererError(f"LLVMRenderer: no float {op.name}")
     return self.round16(e, dt)
 
-  def int_alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]], const: int | None) -> str:
+  def int_alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]]) -> str:
     a, d = [x for x, _ in args], dt.scalar()
-    t, n, bits, signed = ltype(dt), dt.count, 8 * d.itemsize, not dtypes.is_unsigned(d)
-    b1 = _vec("i1", n)
+    t, signed = ltype(dt), not dtypes.is_unsigned(d)
+    b1 = _vec("i1", dt.count)
     if op in _INT_BIN: return self.emit(f"{_INT_BIN[op]} {t} {a[0]}, {a[1]}")
     if op is Ops.NEG: return self.emit(f"sub {t} zeroinitializer, {a[0]}")
     if op is Ops.MULACC: return self.emit(f"add {t} {self.emit(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
@@ -377,30 +348,13 @@ class _Kernel:
       gt = self.emit(f"icmp {'sgt' if signed else 'ugt'} {t} {a[0]}, {a[1]}")
       return self.emit(f"select {b1} {gt}, {t} {a[0]}, {t} {a[1]}")
     if op in (Ops.IDIV, Ops.MOD):
-      ins = ("sdiv" if signed else "udiv") if op is Ops.IDIV else ("srem" if signed else "urem")
-      if const is not None and const != 0 and (const != -1 or not signed): return self.emit(f"{ins} {t} {a[0]}, {a[1]}")
-      # a divisor of 0 (and -1 when signed, where INT_MIN / -1 traps) is replaced by 1 and the result chosen after
-      zero = self.emit(f"icmp eq {t} {a[1]}, zeroinitializer")
-      bad = zero if not signed else self.emit(f"or {b1} {zero}, {(m1 := self.emit(f'icmp eq {t} {a[1]}, {self.const(-1, dt)}'))}")
-      q = self.emit(f"{ins} {t} {a[0]}, {self.emit(f'select {b1} {bad}, {t} {self.const(1, dt)}, {t} {a[1]}')}")
-      if op is Ops.MOD: return q  # x % 1 == 0, the answer for both
-      if signed: q = self.emit(f"select {b1} {m1}, {t} {self.emit(f'sub {t} zeroinitializer, {a[0]}')}, {t} {q}")
-      return self.emit(f"select {b1} {zero}, {t} zeroinitializer, {t} {q}")
-    if op in (Ops.SHL, Ops.SHR):
-      ins = "shl" if op is Ops.SHL else "ashr" if signed else "lshr"
-      if const is not None and 0 <= const < bits: return self.emit(f"{ins} {t} {a[0]}, {a[1]}")
-      # the amount as int64 (huge unsigned amounts count as negative, like C's conversion); out of [0, bits): 0 or the sign
+      return self.emit(f"{('sdiv' if signed else 'udiv') if op is Ops.IDIV else ('srem' if signed else 'urem')} {t} {a[0]}, {a[1]}")
+    if op in (Ops.SHL, Ops.SHR):  # an amount of another integer type is converted as C converts it (the guard kept it in range)
       bx, bdt = args[1]
-      t64, bt = _vec("i64", n), ltype(bdt)
-      ext = "zext" if dtypes.is_unsigned(bdt.scalar()) or bdt.scalar() is dtypes.bool else "sext"
-      b64 = bx if bt == t64 else self.emit(f"{ext} {bt} {bx} to {t64}")
-      i64 = dtypes.int64.vec(n) if n > 1 else dtypes.int64
-      oob = self.emit(f"icmp uge {t64} {b64}, {self.const(bits, i64)}")
-      amt = self.emit(f"select {b1} {oob}, {t64} zeroinitializer, {t64} {b64}")
-      if bits < 64: amt = self.emit(f"trunc {t64} {amt} to {t}")
-      shifted = self.emit(f"{ins} {t} {a[0]}, {amt}")
-      fill = self.emit(f"ashr {t} {a[0]}, {self.const(bits - 1, dt)}") if op is Ops.SHR and signed else "zeroinitializer"
-      return self.emit(f"select {b1} {oob}, {t} {fill}, {t} {shifted}")
+      if (bt := ltype(bdt)) != t:
+        wider = bdt.scalar().itemsize > d.itemsize
+        bx = self.emit(f"{'trunc' if wider else 'zext' if dtypes.is_unsigned(bdt.scalar()) else 'sext'} {bt} {bx} to {t}")
+      return self.emit(f"{'shl' if op is Ops.SHL else 'ashr' if signed else 'lshr'} {t} {a[0]}, {bx}")
     if op is Ops.POW:
       fn = self.int_pow(d)
       return self.lanewise(dt, args, lambda x: self.emit(f"call {scalar_type(d)} {fn}({scalar_type(d)} {x[0]}, {scalar_type(d)} {x[1]})"))
@@ -513,26 +467,6 @@ exit:
   ret {t} %r
 }}""")
     return fn
-
-  def threefry(self) -> str:
-    lines = ["  %x0a = trunc i64 %x to i32", "  %xh = lshr i64 %x, 32", "  %x1a = trunc i64 %xh to i32", "  %k0 = trunc i64 %key to i32",
-             "  %kh = lshr i64 %key, 32", "  %k1 = trunc i64 %kh to i32", "  %k2a = xor i32 %k0, %k1", "  %k2 = xor i32 %k2a, 466688986",
-             "  %x0_0 = add i32 %x0a, %k0", "  %x1_0 = add i32 %x1a, %k1"]
-    ks, x0, x1, c = ("%k0", "%k1", "%k2"), "%x0_0", "%x1_0", 0
-    self.need("@llvm.fshl.i32", "declare i32 @llvm.fshl.i32(i32, i32, i32)")
-    for i in range(5):
-      for rot in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
-        c += 1
-        lines += [f"  %a{c} = add i32 {x0}, {x1}", f"  %r{c} = call i32 @llvm.fshl.i32(i32 {x1}, i32 {x1}, i32 {rot})",  # rotate left
-                  f"  %b{c} = xor i32 %r{c}, %a{c}"]
-        x0, x1 = f"%a{c}", f"%b{c}"
-      lines += [f"  %p{i} = add i32 {x0}, {ks[(i + 1) % 3]}", f"  %q{i}a = add i32 {x1}, {ks[(i + 2) % 3]}", f"  %q{i} = add i32 %q{i}a, {i + 1}"]
-      x0, x1 = f"%p{i}", f"%q{i}"
-    lines += [f"  %lo = zext i32 {x0} to i64", f"  %hi0 = zext i32 {x1} to i64", "  %hi = shl i64 %hi0, 32", "  %out = or i64 %hi, %lo",
-              "  ret i64 %out"]
-    self.need("@pg_threefry2x32", "\n".join(["define internal i64 @pg_threefry2x32(i64 %x, i64 %key) #1 {  ; Threefry-2x32, 20 rounds", "entry:",
-                                             *lines, "}"]))
-    return "@pg_threefry2x32"
 
   # ---- memory
   def pointer(self, u: UOp) -> None:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from plugrad.plugin import DeviceSpec, device_name, hookimpl
+from plugrad.backend import DeviceSpec, device_name, hookimpl
 
 NAME = "CPU"
 NO_LLVMLITE = "CPU_LLVM=1 needs llvmlite (pip install llvmlite, or pip install plugrad-cpu[llvm])"
@@ -28,7 +28,7 @@ def llvm_mode(env: dict[str, str] | None = None) -> bool:
 
 
 def _need_llvmlite() -> None:
-  from plugrad.device.errors import DeviceUnavailableError
+  from plugrad.backend import DeviceUnavailableError
   try: importlib.import_module("llvmlite.binding")
   except ImportError: raise DeviceUnavailableError(NO_LLVMLITE) from None
 
@@ -49,7 +49,7 @@ def _has_llvmlite() -> bool:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 100: the default device once installed, unless a GPU plugin (200) is available
-  return [DeviceSpec(NAME, api=(1, 0), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
+  return [DeviceSpec(NAME, api=(2, 0), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
                      "compiler (clang/gcc), run on host threads")]
 
 

@@ -5,32 +5,22 @@ RANGE of axis type LOOP or GLOBAL around all of the kernel's memory effects) or 
 loops over their sizes), thread `core_id` of `core_count` runs its own contiguous share of that loop, and the source
 says so with `PARALLEL_MARK`. Kernels without one are run by a single thread.
 
-16-bit floats: `_Float16` where the compiler has it; bfloat16 values always compute in float and are stored as
-`__bf16` where the compiler has it. Without compiler support both are emulated: stored as uint16 and converted with
-round-to-nearest-even, exactly like the interpreter.
+16-bit floats: `_Float16` where the compiler has it, else stored as uint16 and converted with round-to-nearest-even,
+exactly like the interpreter; bfloat16 values compute in float and are stored as `__bf16` where the compiler has it
+(`native_bfloat16`), else the codegen emulates them before rendering (codegen/decompose.py).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
-from plugrad.renderer.base import RendererError
-from plugrad.renderer.cstyle import CStyleRenderer, c_identifier
-from plugrad.uop.ops import AxisType, GroupOp, Ops, UOp
+from plugrad.backend import AddrSpace, AxisType, CStyleRenderer, DType, GroupOp, Ops, PtrDType, RendererError, UOp, c_identifier, dtypes
+from plugrad_cpu.vmath import expand_exp2
 
 # CPUProgram runs a kernel on several threads when its source contains this text (the LLVM renderer writes it as a comment too)
 PARALLEL_MARK = "/* plugrad-cpu: parallel loop, split across core_count threads */"
 
 _NATIVE_VEC = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 _NATIVE_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.NEG})
-
-_BF16_HELPERS = """\
-static inline float pg_bf16_to_f32(unsigned short b) { union { unsigned int u; float f; } x; x.u = (unsigned int)b << 16; return x.f; }
-static inline unsigned short pg_f32_to_bf16(float f) {  /* round to nearest even; nan becomes the quiet nan of its sign */
-  union { float f; unsigned int u; } x; x.f = f;
-  if ((x.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((x.u >> 16) & 0x8000u) | 0x7fc0u);
-  return (unsigned short)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
-}"""
 
 # float <-> IEEE half without compiler support (F. Giesen's branch-light conversions, round to nearest even)
 _F16_HELPERS = """\
@@ -77,9 +67,7 @@ class CPURenderer(CStyleRenderer):
     if dt is dtypes.bfloat16 or (dt is dtypes.float16 and not self.native_float16): return dtypes.float32
     return dt
 
-  def storage_dtype(self, dt: DType) -> DType:
-    if (dt is dtypes.bfloat16 and not self.native_bfloat16) or (dt is dtypes.float16 and not self.native_float16): return dtypes.uint16
-    return dt
+  def storage_dtype(self, dt: DType) -> DType: return dtypes.uint16 if dt is dtypes.float16 and not self.native_float16 else dt
 
   def _gnu(self, dt: DType) -> bool: return dt.scalar() is not dtypes.bool and dt.count & (dt.count - 1) == 0
 
@@ -124,15 +112,15 @@ class CPURenderer(CStyleRenderer):
 
   def to_storage(self, x: str, dt: DType) -> str:
     if dt is dtypes.bfloat16 and self.native_bfloat16: return f"((__bf16)(float)({x}))"
-    return f"pg_f32_to_{self._emulated(dt)}({x})" if self.storage_dtype(dt) is dtypes.uint16 else x
+    return f"{self._f16('pg_f32_to_f16')}({x})" if self.storage_dtype(dt) is dtypes.uint16 else x
 
   def from_storage(self, x: str, dt: DType) -> str:
     if dt is dtypes.bfloat16 and self.native_bfloat16: return f"((float)({x}))"
-    return f"pg_{self._emulated(dt)}_to_f32({x})" if self.storage_dtype(dt) is dtypes.uint16 else x
+    return f"{self._f16('pg_f16_to_f32')}({x})" if self.storage_dtype(dt) is dtypes.uint16 else x
 
-  def _emulated(self, dt: DType) -> str:
-    self.need(f"convert {dt!r}", _BF16_HELPERS if dt is dtypes.bfloat16 else _F16_HELPERS)
-    return "bf16" if dt is dtypes.bfloat16 else "f16"
+  def _f16(self, fn: str) -> str:
+    self.need("convert float16", _F16_HELPERS)
+    return fn
 
   # ---- values
   def render_math(self, fn: str, dt: DType, args: Sequence[str]) -> str:
@@ -153,7 +141,7 @@ class CPURenderer(CStyleRenderer):
   def extra_params(self) -> list[str]: return ["int core_id", "int core_count"]
 
   def order(self, uops: Sequence[UOp]) -> list[UOp]:
-    ordered, split = cpu_order(uops)
+    ordered, split = cpu_order(expand_exp2(tuple(uops)))
     self._split: UOp | None = split
     return ordered
 

@@ -17,11 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plugrad.device.errors import LaunchError
-from plugrad.device.runtime import Dims, Runtime
-from plugrad.dtype import dtypes
-from plugrad.renderer.cstyle import c_identifier
-from plugrad.uop.ops import UOp
+from plugrad.backend import Dims, LaunchError, Runtime, UOp, c_identifier, dtypes
 from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.allocator import CPUBuffer
 from plugrad_cpu.renderer import PARALLEL_MARK
@@ -129,8 +125,10 @@ class CPUProgram:
       try: self.lib, addr = load_object(program.binary, symbol)
       except LaunchError as e: raise LaunchError(f"kernel {self.name!r}: {e}") from None
       self.fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
-      self.tier = "llvm"
-      tiering._programs.add(self)
+      if program.external: self.tier = "llvm (external: no C recompile)"  # its LINEAR is a signature, not the kernel
+      else:
+        self.tier = "llvm"
+        tiering._programs.add(self)
     else:
       self.lib = load_shared(program.binary)
       try: self.fn = getattr(self.lib, symbol)

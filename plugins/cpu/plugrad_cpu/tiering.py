@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any
 
-from plugrad.helpers import DEBUG
+from plugrad.backend import DEBUG
 
 # launches (or graph replays) before a kernel is recompiled: the background compile competes with the loop for the
 # cores, and the digits CNN's 110 training steps ran 20% longer when every kernel tiered up after 4 (2 cores)
@@ -46,7 +46,7 @@ def enabled(env: dict[str, str] | None = None) -> bool:
 def compile_c(program: Any) -> tuple[Any, Any]:
   """(the loaded shared object, its kernel function) of `program` (a PROGRAM UOp) rendered to C and compiled by the
   system compiler through the compile cache (a later process finds it there)."""
-  from plugrad.renderer.cstyle import c_identifier
+  from plugrad.backend import c_identifier
   from plugrad_cpu.compiler import CPUCompiler
   from plugrad_cpu.renderer import c_renderer
   from plugrad_cpu.runtime import load_shared

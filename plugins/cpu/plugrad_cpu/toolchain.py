@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from plugrad.device.errors import DeviceUnavailableError
+from plugrad.backend import DeviceUnavailableError
 
 NO_COMPILER = "no C compiler found (install clang or gcc, or set CC)"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from plugrad.device.allocator import Allocator, BufferSpec
+from plugrad.backend import Allocator, BufferSpec
 
 
 def padded(nbytes: int) -> int: return max(4, (nbytes + 3) & ~3)

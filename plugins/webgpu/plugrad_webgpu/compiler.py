@@ -9,8 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from plugrad.device.compiler import Compiler
-from plugrad.device.errors import CompileError
+from plugrad.backend import CompileError, Compiler
 
 # naga points at the source as "┌─ LABEL:12:5" (the shader module's label, "wgsl" without one)
 _NAGA_LOC = re.compile(r"┌─ \S*?:(\d+):(\d+)")

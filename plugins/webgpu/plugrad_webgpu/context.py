@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from plugrad.device.errors import DeviceUnavailableError
+from plugrad.backend import DeviceUnavailableError
 
 NAME = "WEBGPU"
 INSTALL = "pip install wgpu; on a machine without a GPU also apt-get install mesa-vulkan-drivers (lavapipe) or libgl1-mesa-dri (llvmpipe)"
@@ -103,7 +103,7 @@ def probe() -> str | None:
 
 def check_device(device: str) -> None:
   """Only one WebGPU device per process (the adapter wgpu picks): WEBGPU:1 and up are refused with the reason."""
-  from plugrad.plugin import parse_device
+  from plugrad.backend import parse_device
   if parse_device(device)[1] != 0:
     raise DeviceUnavailableError(f"{device}: plugrad-webgpu drives one adapter per process (WEBGPU); choose it with WGPU_BACKEND_TYPE or "
                                  "WGPUPY_WGPU_ADAPTER_NAME")

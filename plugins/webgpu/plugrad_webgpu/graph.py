@@ -13,8 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from plugrad.device.buffer import Buffer
-from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
 from plugrad_webgpu.runtime import WebGPUProgram, dispatch_dims
 
 

@@ -25,11 +25,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import PURE, Renderer, RendererError, linear_parts, use_analysis
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.backend import PURE, DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, dtypes, linear_parts, use_analysis
 from plugrad_webgpu.context import Limits
-from plugrad_webgpu.wgsl import DEPENDS, HELPERS, PACKED, UNSUPPORTED, bits_of, identifier, literal, scalar_type, shift_helper, vector_type
+from plugrad_webgpu.wgsl import DEPENDS, HELPERS, PACKED, UNSUPPORTED, bits_of, identifier, literal, scalar_type, vector_type
 
 FOLD_MARK = "// plugrad-webgpu: folded launch (workgroup ids recovered from a linear index; sizes in pg_args.g)"
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.CMPLT: "<", Ops.CMPNE: "!=",
@@ -122,14 +120,14 @@ class _Kernel:
   def line(self, s: str) -> None: self.body.append("  " * self.depth + s)
 
   def emulated(self, dt: DType) -> bool:
-    """A 16-bit float computed in f32 and rounded after every op."""
-    return dt is dtypes.bfloat16 or (dt is dtypes.float16 and not self.ren.native_float16)
+    """A float16 computed in f32 and rounded after every op (bfloat16 never gets here: codegen/decompose.py)."""
+    return dt is dtypes.float16 and not self.ren.native_float16
 
   def packed(self, dt: DType) -> bool: return dt in PACKED or (dt is dtypes.float16 and not self.ren.native_float16)
 
   def round16(self, x: str, dt: DType) -> str:
-    """An f32 value rounded to the emulated 16-bit float `dt` (kept in f32)."""
-    return f"{self.need('pg_bf16')}({x})" if dt is dtypes.bfloat16 else f"{self.need('pg_f16')}({x})"
+    """An f32 value rounded to float16 (kept in f32)."""
+    return f"{self.need('pg_f16')}({x})"
 
   def narrow(self, x: str, dt: DType) -> str:
     """An i32/u32 value brought back into the range of the narrow integer `dt` (wrap-around, like C's conversion)."""
@@ -140,7 +138,6 @@ class _Kernel:
   def to_bits(self, x: str, dt: DType) -> str:
     """The bit pattern of scalar value `x` of `dt` in the low bits of a u32 (higher bits may be set for signed narrow ints)."""
     if dt is dtypes.bool: return f"select(0u, 1u, {x})"
-    if dt is dtypes.bfloat16: return f"{self.need('pg_f32_to_bf16')}({x})"
     # (naga cannot bitcast vec2<f16>; packing an f16 value widened to f32 is exact)
     if dt is dtypes.float16: return f"pack2x16float(vec2<f32>({'f32(' + x + ')' if self.ren.native_float16 else x}, 0.0f))"
     return x if self.st(dt) == "u32" else f"bitcast<u32>({x})"
@@ -148,7 +145,6 @@ class _Kernel:
   def from_bits(self, b: str, dt: DType) -> str:
     """The value of `dt` whose bit pattern is in the low bits of u32 `b` (the bits above are zero)."""
     if dt is dtypes.bool: return f"({b} != 0u)"
-    if dt is dtypes.bfloat16: return f"bitcast<f32>({b} << 16u)"
     if dt is dtypes.float16: return f"f16(unpack2x16float({b}).x)" if self.ren.native_float16 else f"unpack2x16float({b}).x"
     if dt in (dtypes.int8, dtypes.int16): return f"(bitcast<i32>({b} << {32 - bits_of(dt)}u) >> {32 - bits_of(dt)}u)"
     if dt is dtypes.int32: return f"bitcast<i32>({b})"
@@ -309,16 +305,15 @@ class _Kernel:
       elif op is Ops.MULACC: e = f"(({a[0]} * {a[1]}) + {a[2]})"
       elif op is Ops.MAX: return f"max({a[0]}, {a[1]})"
       elif op is Ops.TRUNC: return a[0]
+      elif op in (Ops.IDIV, Ops.MOD) and t == "u32": e = f"({a[0]} {'/' if op is Ops.IDIV else '%'} {a[1]})"
       elif op in (Ops.IDIV, Ops.MOD, Ops.POW): e = f"{self.need(f'pg_{op.name.lower()}_{t}')}({a[0]}, {a[1]})"
-      elif op in (Ops.SHL, Ops.SHR):
-        name, code = shift_helper(op.name.lower(), t, bits_of(dt))
-        e = f"{self.need(name, code)}({a[0]}, {a[1]})"
+      # the amount is in [0, bits) (codegen/decompose.py guards it); WGSL wants it as u32
+      elif op in (Ops.SHL, Ops.SHR): e = f"({a[0]} {'<<' if op is Ops.SHL else '>>'} u32({a[1]}))"
       else: raise RendererError(f"WEBGPU: no integer {op.name} for {dt!r}")
       return self.narrow(e, dt)
     if op in _INFIX: e = f"({a[0]} {_INFIX[op]} {a[1]})"
     elif op is Ops.NEG: return f"(-{a[0]})"
     elif op is Ops.RECIPROCAL: e = f"({self.lit(1.0, dt)} / {a[0]})"
-    elif op is Ops.MAX: return f"{self.need(f'pg_max_{t}')}({a[0]}, {a[1]})"  # exact: one of the operands
     elif op in _MATH: e = f"{_MATH[op]}({', '.join(a)})"
     else: raise RendererError(f"WEBGPU: no float {op.name}")
     return self.round16(e, dt) if self.emulated(dt) else e

@@ -14,9 +14,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from plugrad.device.errors import LaunchError
-from plugrad.device.runtime import Dims, Runtime
-from plugrad.uop.ops import UOp
+from plugrad.backend import Dims, LaunchError, Runtime, UOp
 from plugrad_webgpu.allocator import WGPUBuffer
 from plugrad_webgpu.renderer import FOLD_MARK
 from plugrad_webgpu.wgsl import identifier

@@ -9,7 +9,7 @@ WGSL's types are narrower than plugrad's: 32-bit scalars (i32, u32, f32), f16 wi
 | int32, uint32, float32 | i32, u32, f32 | itself |
 | int8, int16 / uint8, uint16 | i32 / u32, narrowed after every op (sign-extended / masked) | bytes / halves packed in u32 words |
 | bool | bool | one byte per element, packed in u32 words |
-| bfloat16 | f32, rounded to bfloat16 after every op (round to nearest even, in integer ops) | halves packed in u32 words |
+| bfloat16 | f32, as uint16 in memory: emulated by the codegen before rendering (codegen/decompose.py) | halves packed in u32 words |
 | float16, `shader-f16` | f16 | f16 |
 | float16, no `shader-f16` | f32, rounded through `pack2x16float` after every op | halves packed in u32 words |
 | int64, uint64, float64 | not supported: WGSL has no 64-bit types (the renderer says so; the Tensor call refuses them) | |
@@ -24,9 +24,7 @@ import re
 
 import numpy as np
 
-from plugrad.dtype import DType, dtypes
-from plugrad.renderer.base import RendererError
-from plugrad.renderer.cstyle import float32_repr
+from plugrad.backend import DType, RendererError, dtypes, float32_repr
 
 # reserved words and keywords of WGSL that a kernel or local-memory name could collide with (the rest of WGSL's list
 # never matches our `dataN`/`aluN` names)
@@ -34,7 +32,7 @@ WGSL_RESERVED = frozenset("alias break case const const_assert continue continui
                           "override requires return struct switch true var while array atomic bool f16 f32 i32 u32 mat2x2 ptr sampler texture_1d "
                           "vec2 vec3 vec4 bitcast select abs max min sin exp2 log2 sqrt trunc pow fma main".split())
 
-PACKED = frozenset({dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.bfloat16})  # (+ float16 without shader-f16)
+PACKED = frozenset({dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16})  # (+ float16 without shader-f16)
 UNSUPPORTED = {dtypes.int64: "WGSL has no 64-bit integers", dtypes.uint64: "WGSL has no 64-bit integers", dtypes.float64: "WGSL has no 64-bit floats"}
 
 
@@ -70,8 +68,7 @@ def literal(v: float | int | bool, dt: DType, float16: bool) -> str:
   t = scalar_type(dt, float16)
   if t in ("f32", "f16"):
     x = float(v)
-    if dt is dtypes.bfloat16: x = bf16_round(x)
-    elif dt is dtypes.float16: x = float(np.float16(x)) if math.isfinite(x) else x
+    if dt is dtypes.float16: x = float(np.float16(x)) if math.isfinite(x) else x
     if math.isnan(x): return f"pg_nan_{t}()"
     if math.isinf(x): return f"pg_inf_{t}()" if x > 0 else f"(-pg_inf_{t}())"
     s = float32_repr(x) if t == "f32" else str(np.float16(x))
@@ -83,20 +80,12 @@ def literal(v: float | int | bool, dt: DType, float16: bool) -> str:
   return f"({n}i)" if n < 0 else f"{n}i"
 
 
-def bf16_round(x: float) -> float:
-  """`x` rounded to float32 and then to bfloat16 (nearest, ties to even), as the interpreter does."""
-  if not math.isfinite(x): return x
-  b = int(np.array([x], np.float32).view(np.uint32)[0])
-  b = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
-  return float(np.array([b], np.uint32).view(np.float32)[0])
-
-
 # ---- helpers, by name: the kernel adds the ones it calls
 
 # helpers other helpers call
-DEPENDS = {"pg_bf16": ("pg_f32_to_bf16",), "pg_inf_f16": ("pg_inf_f32",), "pg_nan_f16": ("pg_nan_f32",), "pg_isnan_f16": ("pg_isnan_f32",),
+DEPENDS = {"pg_inf_f16": ("pg_inf_f32",), "pg_nan_f16": ("pg_nan_f32",), "pg_isnan_f16": ("pg_isnan_f32",),
            "pg_idiv_i32": ("pg_uabs",), "pg_mod_i32": ("pg_uabs",), "pg_fdiv0_f32": ("pg_isnan_f32", "pg_nan_f32", "pg_inf_f32"),
-           "pg_max_f32": ("pg_isnan_f32",), "pg_max_f16": ("pg_isnan_f16",), "pg_ne_f32": ("pg_isnan_f32",), "pg_ne_f16": ("pg_isnan_f16",)}
+           "pg_ne_f32": ("pg_isnan_f32",), "pg_ne_f16": ("pg_isnan_f16",)}
 
 HELPERS: dict[str, str] = {
   "pg_inf_f32": "fn pg_inf_f32() -> f32 { return bitcast<f32>(0x7f800000u); }",
@@ -107,9 +96,6 @@ HELPERS: dict[str, str] = {
   # implementations assume there are no nans at all
   "pg_isnan_f32": "fn pg_isnan_f32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }",
   "pg_isnan_f16": "fn pg_isnan_f16(x: f16) -> bool { return pg_isnan_f32(f32(x)); }",
-  # numpy's maximum: nan wins (WGSL's max() leaves nan unspecified)
-  "pg_max_f32": "fn pg_max_f32(a: f32, b: f32) -> f32 { return select(b, a, a > b || pg_isnan_f32(a)); }",
-  "pg_max_f16": "fn pg_max_f16(a: f16, b: f16) -> f16 { return select(b, a, a > b || pg_isnan_f16(a)); }",
   # x / ±0 written with a literal zero: llvmpipe folds it to a wrong value (0 / 0.0f gives 0), so it is spelled out
   "pg_fdiv0_f32": """fn pg_fdiv0_f32(a: f32, zero_sign: f32) -> f32 {
   if (pg_isnan_f32(a) || a == 0.0f) { return pg_nan_f32(); }
@@ -126,29 +112,18 @@ HELPERS: dict[str, str] = {
   if (abs(t) < 2147483648.0f) { return bitcast<u32>(i32(t)); }
   return u32(t - floor(t / 4294967296.0f) * 4294967296.0f);
 }""",
-  # bfloat16 bits of a float: round to nearest even; nan stays a quiet nan of its sign
-  "pg_f32_to_bf16": """fn pg_f32_to_bf16(f: f32) -> u32 {
-  let u = bitcast<u32>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) { return ((u >> 16u) & 0x8000u) | 0x7fc0u; }
-  return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
-}""",
-  "pg_bf16": "fn pg_bf16(f: f32) -> f32 { return bitcast<f32>(pg_f32_to_bf16(f) << 16u); }",
   "pg_f16": "fn pg_f16(f: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(f, 0.0f))).x; }",
   # signed division and remainder on magnitudes (u32), so the result never depends on how the backend divides negative
-  # numbers (GLSL leaves % of negatives undefined); by 0 gives 0, INT_MIN / -1 wraps, like the interpreter
+  # numbers (GLSL leaves % of negatives undefined); a divisor of 0 or -1 never gets here (codegen/decompose.py)
   "pg_uabs": "fn pg_uabs(x: i32) -> u32 { return select(bitcast<u32>(x), 0u - bitcast<u32>(x), x < 0i); }",
   "pg_idiv_i32": """fn pg_idiv_i32(a: i32, b: i32) -> i32 {
-  if (b == 0i) { return 0i; }
   let q = bitcast<i32>(pg_uabs(a) / pg_uabs(b));
   return select(q, 0i - q, (a < 0i) != (b < 0i));
 }""",
-  "pg_idiv_u32": "fn pg_idiv_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a / b; }",
   "pg_mod_i32": """fn pg_mod_i32(a: i32, b: i32) -> i32 {
-  if (b == 0i) { return 0i; }
   let r = bitcast<i32>(pg_uabs(a) % pg_uabs(b));
   return select(r, 0i - r, a < 0i);
 }""",
-  "pg_mod_u32": "fn pg_mod_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a % b; }",
   "pg_pow_i32": """fn pg_pow_i32(a0: i32, b0: i32) -> i32 {
   if (b0 < 0i) { if (a0 == 1i) { return 1i; } if (a0 == -1i) { return select(1i, -1i, (b0 & 1i) != 0i); } return 0i; }
   var a = a0; var b = b0; var r = 1i;
@@ -161,14 +136,3 @@ HELPERS: dict[str, str] = {
   return r;
 }""",
 }
-
-
-def shift_helper(op: str, t: str, bits: int) -> tuple[str, str]:
-  """(name, code) of a shift with the interpreter's semantics: by a negative amount or at least the width gives 0 (or the
-  sign for a right shift of a negative value); WGSL would take the amount modulo 32."""
-  name = f"pg_{op}_{t}_{bits}"
-  neg = "b < 0i || " if t == "i32" else ""
-  if op == "shl": body = f"if ({neg}b >= {bits}{t[0]}) {{ return 0{t[0]}; }} return a << u32(b);"
-  elif t == "i32": body = f"if (b < 0i || b >= {bits}i) {{ return select(0i, -1i, a < 0i); }} return a >> u32(b);"
-  else: body = f"if (b >= {bits}u) {{ return 0u; }} return a >> b;"
-  return name, f"fn {name}(a: {t}, b: {t}) -> {t} {{ {body} }}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from plugrad.codegen.expand import _contiguous, _simp
+from plugrad.codegen.expand import _contiguous, _simp, linear_coefficient
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import prod
@@ -46,6 +46,7 @@ PACK_MIN_REUSE = 8      # rows that read each packed value at least (else the co
 
 def _stride(idx: UOp, r: UOp) -> int | None:
   """How far the index moves when range `r` steps by one (None: not linear in it)."""
+  if (k := linear_coefficient(idx, r)) is not None: return k  # most indices: no rewrite needed
   zero, one = (_simp(idx.substitute({r: UOp.const(dtypes.index, v)})) for v in (0, 1))
   d = _simp(one - zero)
   return d.arg if d.op is Ops.CONST else None

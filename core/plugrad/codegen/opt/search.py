@@ -8,8 +8,8 @@ next to the unoptimized kernel on the same inputs and must give the same numbers
 dropped with a warning (it is a compiler bug) and the next fastest is checked. The chosen actions are kept on disk
 per (renderer, kernel, n), so the next run applies them at once.
 
-Timing needs the device layer (buffers, compiler, runtime), which sits above the codegen: it registers a
-`CandidateTimer` factory with `register_timer_factory` (plugrad.device.search does so when the device layer loads).
+Timing needs the device layer (buffers, compiler, runtime), which sits above the codegen: the caller passes a
+`CandidateTimer` factory (the engine passes `plugrad.device.search.DeviceTimer`); nothing is registered by import.
 """
 from __future__ import annotations
 
@@ -39,13 +39,6 @@ class CandidateTimer(Protocol):
     """Seconds one launch takes on real buffers (the best of a few runs; a first run slower than `limit` stops early)."""
   def same_results(self, program: ProgramUOp, reference: ProgramUOp) -> bool:
     """Whether both give the same outputs on the same random inputs."""
-
-
-_timer_factory: list[Callable[[Renderer], CandidateTimer]] = []
-
-
-def register_timer_factory(fn: Callable[[Renderer], CandidateTimer]) -> None:
-  _timer_factory[:] = [fn]
 
 
 ACTIONS: list[Opt] = [Opt(OptOps.TC, 0)] + [Opt(OptOps.NOLOCALS)]
@@ -108,8 +101,9 @@ def _store(k: Scheduler, width: int, opts: list[Opt]) -> None:
 stats = {"searches": 0, "cache_hits": 0, "candidates": 0}  # what BEAM did in this process (tests and the benchmark read it)
 
 
-def beam_search(k: Scheduler, width: int, timer: CandidateTimer | None = None) -> Scheduler:
-  """The scheduler with the actions BEAM search chose for kernel `k` (a copy; `k` is not changed)."""
+def beam_search(k: Scheduler, width: int, timer: Callable[[Renderer], CandidateTimer] | None = None) -> Scheduler:
+  """The scheduler with the actions BEAM search chose for kernel `k` (a copy; `k` is not changed); `timer(renderer)`
+  times candidates on the device (only needed when the disk cache has no entry)."""
   if getenv("BEAM_CACHE", 1) and (hit := cached_actions(k, width)) is not None:
     try:
       out = k.copy().apply_opts(hit)
@@ -117,15 +111,16 @@ def beam_search(k: Scheduler, width: int, timer: CandidateTimer | None = None) -
       return out
     except KernelOptError: pass  # a cache entry from an older optimizer: search again
   if timer is None:
-    if not _timer_factory: raise BeamError("BEAM search needs the device layer to time candidates: import plugrad.device first")
-    timer = _timer_factory[0](k.renderer)
+    raise BeamError(f"BEAM search for kernel {k.info.name!r} needs a timer for the device layer to time candidates: pass "
+                    "timer=plugrad.device.search.DeviceTimer (the engine does)")
+  timing = timer(k.renderer)
   stats["searches"] += 1
   timeout, max_steps = float(getenv("BEAM_TIMEOUT", 10.0)), int(getenv("BEAM_STEPS", 3))
   show = sys.stderr.isatty() or DEBUG >= 1
   start, tried = time.perf_counter(), 0
   base = _program(k)
   if base is None: raise BeamError(f"kernel {k.info.name!r} does not lower without actions")
-  (blib,) = timer.compile_all([base], timeout)
+  (blib,) = timing.compile_all([base], timeout)
   if blib is None: raise BeamError(f"kernel {k.info.name!r} does not compile without actions")
   base = base.with_binary(blib)
   # the search starts from the hand-coded choice (timing unoptimized candidates of a big kernel would take minutes);
@@ -133,9 +128,9 @@ def beam_search(k: Scheduler, width: int, timer: CandidateTimer | None = None) -
   from plugrad.codegen.opt.heuristic import hand_coded_optimizations
   seed = hand_coded_optimizations(k.copy())
   sp = _program(seed) if seed.applied else None
-  slib = timer.compile_all([sp], timeout)[0] if sp is not None else None
+  slib = timing.compile_all([sp], timeout)[0] if sp is not None else None
   first, fprog = (seed, sp.with_binary(slib)) if sp is not None and slib is not None else (k, base)
-  best_t = timer.time(fprog, math.inf)
+  best_t = timing.time(fprog, math.inf)
   timed: list[tuple[float, Scheduler, ProgramUOp]] = [(best_t, first, fprog)]
   beam = list(timed)
   seen: set[UOp] = {k.ast, first.ast}
@@ -143,12 +138,12 @@ def beam_search(k: Scheduler, width: int, timer: CandidateTimer | None = None) -
     kids = [c for _, b, _ in beam for c in _children(b)]
     kids = [c for c in kids if not (c.ast in seen or seen.add(c.ast))]  # type: ignore[func-returns-value]
     progs = [(c, p) for c in kids if (p := _program(c)) is not None]
-    libs = timer.compile_all([p for _, p in progs], timeout)
+    libs = timing.compile_all([p for _, p in progs], timeout)
     for (c, p), lib in zip(progs, libs):
       if lib is None: continue
       tried += 1
       pb = p.with_binary(lib)
-      try: t = timer.time(pb, 1.5 * beam[0][0])
+      try: t = timing.time(pb, 1.5 * beam[0][0])
       except Exception as e:
         if DEBUG >= 1: print(f"\nBEAM: {c.applied} failed to run: {type(e).__name__}: {e}", file=sys.stderr)
         continue
@@ -161,7 +156,7 @@ def beam_search(k: Scheduler, width: int, timer: CandidateTimer | None = None) -
     beam = new_beam
   if show: print(file=sys.stderr)
   for t, c, p in sorted(timed, key=lambda x: x[0]):
-    if c is k or timer.same_results(p, base):
+    if c is k or timing.same_results(p, base):
       if DEBUG >= 1: print(f"BEAM {k.info.name}: {c.applied} {t * 1e6:.1f} us (hand-coded {best_t * 1e6:.1f} us)", file=sys.stderr)
       if getenv("BEAM_CACHE", 1): _store(k, width, c.applied)
       return c.copy()

@@ -1,5 +1,6 @@
-"""The typed errors of the device and plugin layers. Each message names the device, the plugin's
-distribution where one is involved, and what to do."""
+"""The typed errors of the device and plugin layers. They sit at the floor, so the device, plugin and backend modules
+all raise them without importing each other. Each message names the device, the plugin's distribution where one is
+involved, and what to do."""
 from __future__ import annotations
 
 

@@ -27,11 +27,23 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from plugrad.dtype import INVERSE_NAMES, AddrSpace, DType
-from plugrad.helpers import getenv
-from plugrad.renderer.base import Dims3, Renderer, RendererError, linear_parts
-from plugrad.renderer.tensor_cores import AMD_TENSOR_CORES, CUDA_TENSOR_CORES, METAL_TENSOR_CORES, TensorCore
-from plugrad.uop.ops import AxisType, Ops, UOp
+from plugrad.backend import (
+  AMD_TENSOR_CORES,
+  CUDA_TENSOR_CORES,
+  METAL_TENSOR_CORES,
+  AddrSpace,
+  AxisType,
+  Dims3,
+  DType,
+  Ops,
+  Renderer,
+  RendererError,
+  TensorCore,
+  UOp,
+  dtypes,
+  getenv,
+  linear_parts,
+)
 
 _DTYPE_CAPS = frozenset({"float16", "bfloat16", "float64", "int64"})
 
@@ -74,6 +86,7 @@ class PythonRenderer(Renderer):
   supports_float4 = True
   vector_width = 4  # exercises the expander's vector lanes in the interpreter
   has_local = has_shared = True
+  nan_max = True  # numpy's maximum: nan wins
 
   def __init__(self, device: str, emulate: str | None = None):
     super().__init__(device)
@@ -142,7 +155,7 @@ def render_text(name: str, target: str, uops: tuple[UOp, ...]) -> str:
 
 _ENUMS: dict[str, Any] = {"AxisType": AxisType, "AddrSpace": AddrSpace, "Ops": Ops}
 _NAMES: dict[str, Any] = {"None": None, "True": True, "False": False, "inf": math.inf, "nan": math.nan,
-                          **{n: dt for dt, n in INVERSE_NAMES.items()}}
+                          **{n: dt for n, dt in vars(dtypes).items() if isinstance(dt, DType)}}
 
 
 def _value(node: ast.AST) -> Any:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from plugrad.device.buffer import Buffer
-from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
-from plugrad.device.interpreter import PythonProgram
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
+
+from .interpreter import PythonProgram
 
 
 class PythonGraph(GraphRunner):

@@ -9,10 +9,11 @@ local or register memory, local memory races between barriers, barriers and WMMA
 sizes that disagree with the kernel's SPECIALs. Each raises with the kernel, the uop and the thread.
 
 ALU semantics are C's, per dtype, and agree with `exec_alu` (the constant folder): integers wrap, IDIV truncates,
-MOD takes the dividend's sign, division by zero gives 0 for integers; floats compute in float64 and round once to
-their dtype (bfloat16 is float32 rounded to its top 16 bits, to nearest even). Two deliberate differences from
-`exec_alu`, where C and IEEE 754 say otherwise: float POW of 0 to a negative power is inf (not nan), and shifts by a
-negative amount behave like shifts by the full width (Python raises).
+MOD takes the dividend's sign; floats compute in float64 and round once to their dtype; MAX is numpy's (nan wins).
+Like a hardware device, the interpreter leaves integer division by 0 or -1 and out-of-range shifts to the guards the
+codegen writes (codegen/decompose.py), and has no THREEFRY (lowered to 32-bit integer ops) and no bfloat16 (float32
+values rounded by integer ops, uint16 memory: it runs the emulation every device without bfloat16 runs). Where C and
+IEEE 754 differ from `exec_alu`, float POW of 0 to a negative power is inf (not nan).
 """
 from __future__ import annotations
 
@@ -23,57 +24,45 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from plugrad.device.allocator import Allocator, BufferSpec
-from plugrad.device.compiler import Compiler
-from plugrad.device.errors import CompileError, LaunchError
-from plugrad.device.runtime import Dims, Runtime
-from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
-from plugrad.helpers import prod
-from plugrad.renderer.python import TARGETS, Line, SourceSyntaxError, Target, parse_text
-from plugrad.renderer.tensor_cores import TensorCore, UnknownTensorCoreError, find_tensor_core
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.backend import (
+  AddrSpace,
+  Allocator,
+  BufferSpec,
+  CompileError,
+  Compiler,
+  Dims,
+  DType,
+  GroupOp,
+  LaunchError,
+  Ops,
+  PtrDType,
+  Runtime,
+  TensorCore,
+  UnknownTensorCoreError,
+  UOp,
+  dtypes,
+  find_tensor_core,
+  prod,
+)
 
-# ---- dtypes in numpy: values compute in `_np_compute`, memory holds `_np_storage` (they differ for bfloat16 only)
+from .python_renderer import TARGETS, Line, SourceSyntaxError, Target, parse_text
 
+# ---- dtypes in numpy (bfloat16 never reaches the interpreter: the codegen emulates it, codegen/decompose.py)
 
-def _np_compute(dt: DType) -> np.dtype:
-  return np.dtype(np.float32) if dt.scalar() is dtypes.bfloat16 else dtypes.to_numpy(dt.scalar())
-
-
-def _np_storage(dt: DType) -> np.dtype:
-  return np.dtype(np.uint16) if dt.scalar() is dtypes.bfloat16 else dtypes.to_numpy(dt.scalar())
-
-
-def bf16_round(x: np.ndarray) -> np.ndarray:
-  """float32 values rounded to the nearest bfloat16 (ties to even), still as float32; nan stays a (quiet) nan."""
-  x = np.ascontiguousarray(x, dtype=np.float32)
-  b = x.view(np.uint32)
-  r = (b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
-  return np.where(np.isnan(x), (b & np.uint32(0x80000000)) | np.uint32(0x7FC00000), r).view(np.float32)
-
-
-def _to_storage(x: np.ndarray, dt: DType) -> np.ndarray:
-  return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt.scalar() is dtypes.bfloat16 else x
-
-
-def _from_storage(x: np.ndarray, dt: DType) -> np.ndarray:
-  return (x.astype(np.uint32) << 16).view(np.float32) if dt.scalar() is dtypes.bfloat16 else x
+def _np(dt: DType) -> np.dtype: return dtypes.to_numpy(dt.scalar())
 
 
 def _round(x: np.ndarray, dt: DType) -> np.ndarray:
   """float64 results rounded once to the float dtype `dt`."""
-  s = dt.scalar()
-  return bf16_round(x.astype(np.float32)) if s is dtypes.bfloat16 else x.astype(_np_compute(s), copy=False)
+  return x.astype(_np(dt), copy=False)
 
 
 # ---- ALU semantics on arrays
 
 def _int_div(a: np.ndarray, b: np.ndarray, signed: bool) -> np.ndarray:
-  zero = b == 0
-  b = np.where(zero, 1, b).astype(a.dtype)
   q = np.floor_divide(a, b)
   if signed: q = q + ((q * b != a) & ((a < 0) != (b < 0))).astype(a.dtype)  # floor → truncation toward zero
-  return np.where(zero, 0, q).astype(a.dtype)
+  return q
 
 
 def _int_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -85,9 +74,7 @@ def _int_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
-  bits = 8 * a.dtype.itemsize
-  b64 = b.astype(np.int64)
-  sh = np.where((b64 < 0) | (b64 > bits), bits, b64).astype(a.dtype)  # numpy defines shifts >= the width: 0 or the sign
+  sh = b.astype(a.dtype)  # numpy shifts need one dtype (an amount out of range is unselected by the codegen's guard)
   return np.left_shift(a, sh) if left else np.right_shift(a, sh)
 
 
@@ -97,7 +84,7 @@ _COMMON: dict[Ops, Callable[..., np.ndarray]] = {
 _INT_ALU: dict[Ops, Callable[..., np.ndarray]] = {
   **_COMMON, Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor, Ops.TRUNC: lambda x: x, Ops.POW: _int_pow,
   Ops.IDIV: lambda a, b: _int_div(a, b, np.issubdtype(a.dtype, np.signedinteger)),
-  Ops.MOD: lambda a, b: np.where(b == 0, 0, a - b * _int_div(a, b, np.issubdtype(a.dtype, np.signedinteger))).astype(a.dtype),
+  Ops.MOD: lambda a, b: a - b * _int_div(a, b, np.issubdtype(a.dtype, np.signedinteger)),
   Ops.SHL: lambda a, b: _shift(a, b, True), Ops.SHR: lambda a, b: _shift(a, b, False),
 }
 _FLOAT_ALU: dict[Ops, Callable[..., np.ndarray]] = {
@@ -112,31 +99,15 @@ _BOOL_ALU: dict[Ops, Callable[..., np.ndarray]] = {
 }
 
 
-def threefry2x32_np(x: np.ndarray, key: np.ndarray) -> np.ndarray:
-  """`threefry2x32` (uop/ops.py) on uint64 arrays."""
-  m = np.uint64(0xFFFFFFFF)
-  x0, x1 = (x & m).astype(np.uint32), (x >> np.uint64(32)).astype(np.uint32)
-  k0, k1 = (key & m).astype(np.uint32), (key >> np.uint64(32)).astype(np.uint32)
-  ks = (k0, k1, np.uint32(0x1BD11BDA) ^ k0 ^ k1)
-  x0, x1 = x0 + ks[0], x1 + ks[1]
-  for i in range(5):
-    for r in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
-      x0 = x0 + x1
-      x1 = ((x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))) ^ x0
-    x0, x1 = x0 + ks[(i + 1) % 3], x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
-  return (x1.astype(np.uint64) << np.uint64(32)) | x0.astype(np.uint64)
-
-
 def alu(op: Ops, dt: DType, xs: Sequence[np.ndarray]) -> np.ndarray:
   """One ALU op on arrays in the compute representation of their dtypes; `dt` is the result dtype."""
   if op is Ops.WHERE:
     c, t, f = xs
     return np.where(c[..., None] if c.ndim < t.ndim else c, t, f)
   if op in GroupOp.Comparison: return np.less(*xs) if op is Ops.CMPLT else np.not_equal(*xs) if op is Ops.CMPNE else np.equal(*xs)
-  if op is Ops.THREEFRY: return threefry2x32_np(*xs)
   s = dt.scalar()
   if s is dtypes.bool: return _BOOL_ALU[op](*xs)
-  if dtypes.is_int(s): return _INT_ALU[op](*xs).astype(_np_compute(s), copy=False)
+  if dtypes.is_int(s): return _INT_ALU[op](*xs).astype(_np(s), copy=False)
   return _round(_FLOAT_ALU[op](*(x.astype(np.float64) for x in xs)), s)
 
 
@@ -144,8 +115,8 @@ def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
   """C conversion of each element; float → int truncates (and wraps like `dtypes.as_const`; nan and inf give 0)."""
   s, d = src.scalar(), dst.scalar()
   if d is dtypes.bool: return x != 0
-  if dtypes.is_float(d): return bf16_round(x.astype(np.float32)) if d is dtypes.bfloat16 else x.astype(_np_compute(d))
-  nd = _np_compute(d)
+  if dtypes.is_float(d): return x.astype(_np(d))
+  nd = _np(d)
   if not dtypes.is_float(s): return x.astype(nd)
   f = np.trunc(x.astype(np.float64))
   f = np.where(np.isfinite(f), f, 0.0)
@@ -159,8 +130,7 @@ def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
 
 def bitcast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
   n = x.shape[0]
-  raw = np.ascontiguousarray(_to_storage(x, src)).reshape(n, -1).view(np.uint8)
-  y = _from_storage(raw.view(_np_storage(dst)), dst)
+  y = np.ascontiguousarray(x).reshape(n, -1).view(np.uint8).view(_np(dst))
   return y.reshape(n) if dst.count == 1 else y
 
 
@@ -213,7 +183,7 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
     if op is Ops.WHERE:
       ok = sd[0].scalar() is dtypes.bool and sd[0].count in (1, dt.count) and sd[1] is dt and sd[2] is dt
       return None if ok else "WHERE needs a bool condition and two values of its dtype"
-    if op is Ops.THREEFRY: return None if dt is sd[0] is sd[1] is dtypes.uint64 else "THREEFRY needs uint64 sources and result"
+    if op is Ops.THREEFRY: return "THREEFRY is lowered to 32-bit integer ops by the codegen (codegen/decompose.py)"
     if op in (Ops.SHL, Ops.SHR): ok = sd[0] is dt and _is_int(dt) and _is_int(sd[1]) and sd[1].count == dt.count
     else: ok = all(d is dt for d in sd)
     if not ok: return f"{op.name} sources do not match its dtype {dt!r}"
@@ -266,7 +236,8 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
     try: tc = find_tensor_core(arg)
     except UnknownTensorCoreError as e: return str(e)
     if tc not in p.target.tensor_cores: return f"{tc.device}/{tc.name} is not a tensor core of target {p.target.name}"
-    want = (tc.dtype_in.vec(tc.elements[0]), tc.dtype_in.vec(tc.elements[1]), tc.dtype_out.vec(tc.elements[2]))
+    din = dtypes.float32 if tc.dtype_in is dtypes.bfloat16 else tc.dtype_in  # emulated bfloat16: float32 fragments
+    want = (din.vec(tc.elements[0]), din.vec(tc.elements[1]), tc.dtype_out.vec(tc.elements[2]))
     if tuple(sd) != want or dt is not want[2]: return f"WMMA {tc.name} needs fragments {want} and returns {want[2]!r}"
     p.tcs[i] = tc
     return None
@@ -300,6 +271,7 @@ def check_program(text: str) -> Program:
         raise fail(l, f"uses uop #{j}, which was defined inside a {p.lines[scope[j][-1]].op.name} block that has been closed")
     if (why := _rule(p, i, l)) is not None: raise fail(l, why)
     dt = l.dtype.base if isinstance(l.dtype, PtrDType) else l.dtype
+    if dt.scalar() is dtypes.bfloat16: raise fail(l, "bfloat16 is emulated by the codegen (codegen/decompose.py), never run as itself")
     if (cap := _DTYPE_CAP.get(dt.scalar())) is not None and cap not in p.target.dtypes:
       raise fail(l, f"target {p.target.name} has no {dt.scalar()!r}")
     # a block's opener and closer belong to the enclosing scope (uops after a loop may order themselves after its ENDRANGE)
@@ -404,8 +376,7 @@ class _Launch:
     return lin // prod(dims[:d]) % dims[d]
 
   def full(self, value: Any, dt: DType) -> np.ndarray:
-    x = np.array(value, _np_compute(dt))
-    if dt.scalar() is dtypes.bfloat16: x = bf16_round(x)
+    x = np.array(value, _np(dt))
     return np.broadcast_to(x, (self.T,) + x.shape)
 
   # -- memory access
@@ -436,7 +407,7 @@ class _Launch:
     if mem.init is not None and not mem.init[used].all():
       raise self.error(pc, f"LOAD of {mem.label} reads memory no thread has written" + self.who(mem, addr, active, ~mem.init[addr]))
     if mem.writer is not None: self.check_race(pc, mem, addr, active, mem.writer, "reads", "written")
-    out = _from_storage(mem.arr[addr if active is None else np.where(active, addr, 0)], mem.dt)
+    out = mem.arr[addr if active is None else np.where(active, addr, 0)]
     if active is not None: out = np.where(active, out, alt.reshape(self.T, width) if alt is not None else np.zeros((), out.dtype))
     if mem.reader is not None: self.mark_readers(mem, addr, active)
     return out.reshape(self.T) if width == 1 else out
@@ -446,7 +417,7 @@ class _Launch:
     width = self.p.lines[l.src[1]].dtype.count
     addr, active = self.access(pc, ptr, width, "STORE")
     mem = ptr.mem
-    val = _to_storage(np.broadcast_to(val.reshape(self.T, width), (self.T, width)), mem.dt)
+    val = np.broadcast_to(val.reshape(self.T, width), (self.T, width))
     if mem.writer is not None and mem.reader is not None:
       self.check_race(pc, mem, addr, active, mem.reader, "writes", "read")
       self.check_race(pc, mem, addr, active, mem.writer, "writes", "written", val)
@@ -544,7 +515,7 @@ class _Launch:
     if (size != launch).any():
       raise self.error(pc, f"SPECIAL {l.arg} has size {int(size.flat[0])}, but the launch gives {launch} "
                            f"(global_size={self.gs}, local_size={self.ls})")
-    return self.coord(l.arg).astype(_np_compute(l.dtype))
+    return self.coord(l.arg).astype(_np(l.dtype))
 
   def define(self, pc: int, l: Line) -> Ptr:
     dt: PtrDType = l.dtype  # type: ignore[assignment]
@@ -552,16 +523,16 @@ class _Launch:
     per = dt.base.count
     if l.op is Ops.DEFINE_GLOBAL:
       h = _as_handle(self.globals[l.arg], l.arg)
-      item = _np_storage(base).itemsize
+      item = _np(base).itemsize
       have = h.nbytes // item
       if dt.size >= 0 and have < dt.size * per:
         raise self.error(pc, f"buffer slot {l.arg} holds {have} elements of {base!r}, the kernel declares {dt.size * per}")
-      arr = h[:have * item].view(_np_storage(base))
+      arr = h[:have * item].view(_np(base))
       return Ptr(Mem(f"buffer slot {l.arg}", base, arr, dt.size * per if dt.size >= 0 else have, None, False, False), None, None)
     size = dt.size * per
     local = l.op is Ops.DEFINE_LOCAL
     owner = self.wg if local else self.tid
-    arr = np.zeros((self.G if local else self.T) * size, _np_storage(base))
+    arr = np.zeros((self.G if local else self.T) * size, _np(base))
     mem = Mem(f"local buffer {l.arg!r}" if local else f"register array {l.arg}", base, arr, size, owner, True, local)
     if local: self.locals.append(mem)
     return Ptr(mem, None, None)

@@ -5,11 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from plugrad.device.allocator import Allocator, BufferSpec
-from plugrad.device.compiler import Compiler
-from plugrad.device.runtime import Dims, Runtime
-from plugrad.renderer.base import CAPABILITIES, Renderer, linear_parts
-from plugrad.uop.ops import UOp
+from plugrad.backend import CAPABILITIES, Allocator, BufferSpec, Compiler, Dims, Renderer, Runtime, UOp, linear_parts
 
 
 class NullRenderer(Renderer):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, hookimpl
+from plugrad.backend import API_VERSION, DeviceSpec, device_name, hookimpl
 
 
 @hookimpl
@@ -22,10 +22,10 @@ def plugrad_devices() -> list[DeviceSpec]:
 @hookimpl
 def plugrad_renderer(device: str) -> Any:
   if (name := device_name(device)) == "PYTHON":
-    from plugrad.renderer.python import PythonRenderer
+    from .python_renderer import PythonRenderer
     return PythonRenderer(device)
   if name == "NULL":
-    from plugrad.device.null import NullRenderer
+    from .null import NullRenderer
     return NullRenderer(device)
   return None
 
@@ -33,10 +33,10 @@ def plugrad_renderer(device: str) -> Any:
 @hookimpl
 def plugrad_compiler(device: str) -> Any:
   if (name := device_name(device)) == "PYTHON":
-    from plugrad.device.interpreter import PythonCompiler
+    from .interpreter import PythonCompiler
     return PythonCompiler()
   if name == "NULL":
-    from plugrad.device.null import NullCompiler
+    from .null import NullCompiler
     return NullCompiler()
   return None
 
@@ -44,10 +44,10 @@ def plugrad_compiler(device: str) -> Any:
 @hookimpl
 def plugrad_allocator(device: str) -> Any:
   if (name := device_name(device)) == "PYTHON":
-    from plugrad.device.interpreter import PythonAllocator
+    from .interpreter import PythonAllocator
     return PythonAllocator(device)
   if name == "NULL":
-    from plugrad.device.null import NullAllocator
+    from .null import NullAllocator
     return NullAllocator(device)
   return None
 
@@ -55,10 +55,10 @@ def plugrad_allocator(device: str) -> Any:
 @hookimpl
 def plugrad_runtime(device: str) -> Any:
   if (name := device_name(device)) == "PYTHON":
-    from plugrad.device.interpreter import PythonRuntime
+    from .interpreter import PythonRuntime
     return PythonRuntime(device)
   if name == "NULL":
-    from plugrad.device.null import NullRuntime
+    from .null import NullRuntime
     return NullRuntime(device)
   return None
 
@@ -66,6 +66,6 @@ def plugrad_runtime(device: str) -> Any:
 @hookimpl
 def plugrad_graph(device: str) -> Any:
   if device_name(device) == "PYTHON":
-    from plugrad.device.interpreter_graph import PythonGraph
+    from .interpreter_graph import PythonGraph
     return PythonGraph
   return None

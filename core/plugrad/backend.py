@@ -1,0 +1,79 @@
+"""The backend contract: the one module a device backend imports (docs/writing-a-backend.md).
+
+A backend (an in-repo plugin, a third party's `plugrad-vulkan`, or the built-in PYTHON and NULL devices in
+`plugrad/builtin/`) imports from here and from the user-facing `plugrad` names (`dtypes`, `Tensor`, ...), nothing
+else. `API_VERSION` versions exactly this namespace with semantic versioning: a name removed or a signature changed
+is a major bump, a name added a minor one. Everything else in the core is private to it and may change in any release.
+
+What is here, by the job it does:
+
+* registration: `hookimpl`, `DeviceSpec`, `API_VERSION`, `device_name`, `parse_device`
+* errors: `DeviceError` and its typed subclasses (`CompileError`, `LaunchError`, `DeviceUnavailableError`, ...)
+* dtypes: `DType`, `PtrDType`, `AddrSpace`, `dtypes`
+* the IR: `UOp`, `Ops`, `GroupOp`, `AxisType`, `KernelInfo`, `UPat`, `PatternMatcher`, `graph_rewrite`
+* the PROGRAM: `ProgramUOp` (its accessors: `name`, `device`, `uops`, `source`, `binary`, `globals`, `ins`, `outs`,
+  `vars`, `global_size`, `local_size`, `launch_dims`, `estimates`, `signature`, `external`), `ProgramError`, `Estimates`
+* kernels written outside plugrad: `new_program` (a PROGRAM from source or binary and a declared signature),
+  `run_program` (runs one on Tensors; TinyJit captures it), `ProgramArgumentError`
+* rendering: `Renderer` (capability flags, `dtype_support`, `extra_matcher`), `CStyleRenderer` (the C family's dialect
+  hooks), `linear_parts`, `use_analysis`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
+* compiling: `Compiler` (with the disk cache)
+* memory: `Allocator`, `BufferSpec`, `Buffer`
+* running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
+* batching: `GraphRunner`, `GraphKernel`, `GraphError`
+* helpers a backend reads: `DEBUG`, `getenv`, `prod`, `Device`
+"""
+from __future__ import annotations
+
+from plugrad.device.allocator import Allocator, BufferSpec
+from plugrad.device.buffer import Buffer
+from plugrad.device.compiler import Compiler
+from plugrad.device.custom import new_program, run_program
+from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
+from plugrad.device.registry import Device
+from plugrad.device.runtime import Dims, Runtime
+from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
+from plugrad.errors import (
+  CompileError,
+  DeviceError,
+  DeviceUnavailableError,
+  LaunchError,
+  OutOfMemoryError,
+  PluginHookError,
+  UnsupportedDTypeError,
+)
+from plugrad.helpers import DEBUG, getenv, prod
+from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, hookimpl, parse_device
+from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, linear_parts, use_analysis
+from plugrad.renderer.cstyle import CStyleRenderer, c_identifier, float32_repr
+from plugrad.renderer.tensor_cores import (
+  AMD_TENSOR_CORES,
+  CUDA_TENSOR_CORES,
+  METAL_TENSOR_CORES,
+  TensorCore,
+  UnknownTensorCoreError,
+  find_tensor_core,
+)
+from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp
+from plugrad.uop.pattern import PatternMatcher, UPat
+from plugrad.uop.program import Estimates, ProgramArgumentError, ProgramError, ProgramStageError, ProgramUOp
+from plugrad.uop.rewrite import graph_rewrite
+
+__all__ = [
+  # registration
+  "API_VERSION", "DeviceSpec", "device_name", "hookimpl", "parse_device",
+  # errors
+  "CompileError", "DeviceError", "DeviceUnavailableError", "GraphError", "LaunchError", "OutOfMemoryError", "PluginHookError",
+  "ProgramArgumentError", "ProgramError", "ProgramStageError", "RendererError", "UnknownTensorCoreError", "UnsupportedDTypeError",
+  # dtypes and the IR
+  "AddrSpace", "DType", "PtrDType", "dtypes", "AxisType", "GroupOp", "KernelInfo", "Ops", "UOp", "PatternMatcher", "UPat", "graph_rewrite",
+  # the PROGRAM
+  "Estimates", "ProgramUOp", "new_program", "run_program",
+  # rendering
+  "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "c_identifier", "float32_repr", "linear_parts", "use_analysis",
+  "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
+  # compiling, memory, running, batching
+  "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner",
+  # helpers
+  "DEBUG", "Device", "getenv", "prod",
+]

@@ -1,0 +1,89 @@
+"""Conformance: the row reductions of attention (softmax, log-softmax, layernorm) on inputs that break naive kernels
+(large values, -inf entries from masks), exp over every range where it changes form (vectorized on the CPU), and
+scaled_dot_product_attention with each kind of mask, forward and backward, against float64 numpy references."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad.tensor.tensor import Tensor
+from plugrad.testing.test_tensor_nn import _np_softmax, check, np_sdpa, rand
+
+pytestmark = pytest.mark.plugrad_conformance
+RNG = np.random.default_rng(20)
+
+
+def _rows(n: int, w: int) -> np.ndarray:
+  """Rows of width w (a multiple of 16: the CPU's vector paths) with large offsets and -inf entries (masked positions)."""
+  x = rand(n, w) * 30 + RNG.choice([0.0, 1e4, -1e4, 80.0], (n, 1)).astype(np.float32)
+  x[RNG.random((n, w)) < 0.2] = -np.inf
+  x[:, 0] = np.where(np.isinf(x[:, 0]), 0.0, x[:, 0])  # every row keeps a finite entry
+  return x
+
+
+def test_softmax_large_values_and_masks(run_device):
+  x = _rows(6, 48)
+  got = Tensor(x, device=run_device).softmax(-1).numpy()
+  np.testing.assert_allclose(got, _np_softmax(x.astype(np.float64), -1), rtol=2e-6, atol=1e-7)
+  assert np.allclose(got.sum(-1), 1, rtol=1e-5)
+
+
+def test_log_softmax_large_values_and_masks(run_device):
+  x = _rows(6, 48)
+  x64 = x.astype(np.float64)
+  want = x64 - x64.max(-1, keepdims=True) - np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  got = Tensor(x, device=run_device).log_softmax(-1).numpy()
+  fin = np.isfinite(want)
+  assert (np.isneginf(got) == ~fin).all()
+  np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=2e-5)
+
+
+def test_softmax_and_layernorm_gradients(run_device):
+  check(run_device, lambda t: t.softmax(-1), lambda a: _np_softmax(a, -1), rand(3, 32) * 4, atol=1e-6, gtol=5e-3)
+  def ln(a):
+    y = a - a.mean(-1, keepdims=True)
+    return y / np.sqrt((y * y).mean(-1, keepdims=True) + 1e-5)
+  check(run_device, lambda t: t.layernorm(-1), ln, rand(3, 32), atol=1e-4, gtol=5e-3)
+
+
+def test_layernorm_large_offset(run_device):
+  x = (rand(8, 64) + 1000).astype(np.float32)
+  x64 = x.astype(np.float64)
+  y = x64 - x64.mean(-1, keepdims=True)
+  want = y / np.sqrt((y * y).mean(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(Tensor(x, device=run_device).layernorm().numpy(), want, rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("fn", ["exp2", "exp"])
+def test_exp_ranges_and_specials(run_device, fn):
+  """exp2 and exp where the CPU computes them with vector arithmetic: every range up to overflow, subnormal results,
+  nan and +-inf. exp2 within 2 ulp; exp also carries the rounding of x*log2(e) (relative error up to |x| * 2^-24)."""
+  lo, hi = (-160, 140) if fn == "exp2" else (-110, 95)
+  x = np.concatenate([np.linspace(lo, hi, 992), [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.7, 88.8, -87.3, -103.0, -104.0,
+                                                 1e-30, -1e-30, 0.5, -0.5, 127.9, -149.5]]).astype(np.float32)
+  with np.errstate(over="ignore"): want = getattr(np, fn)(x.astype(np.float64)).astype(np.float32)
+  got = getattr(Tensor(x, device=run_device), fn)().numpy()
+  same_class = (np.isnan(got) == np.isnan(want)) & (np.isinf(got) == np.isinf(want))
+  assert same_class.all(), f"special values differ at {x[~same_class]}: {got[~same_class]} vs {want[~same_class]}"
+  normal = np.isfinite(want) & (want >= np.finfo(np.float32).tiny)
+  np.testing.assert_allclose(got[normal], want[normal], rtol=2.4e-7 if fn == "exp2" else 1e-5)
+  # a subnormal result may be flushed to zero (WGSL and MSL allow it; lavapipe does it), else it must be close
+  sub = ~normal & np.isfinite(want)
+  flushed = got[sub] == 0
+  np.testing.assert_allclose(got[sub][~flushed], want[sub][~flushed], rtol=1e-2 if fn == "exp2" else 1e-1, atol=3e-45)
+
+
+@pytest.mark.parametrize("mode", ["none", "bool_mask", "float_mask", "causal"])
+def test_attention_masks_forward_backward(run_device, mode):
+  """The plain formula's reference; the float mask holds -inf entries (a padding mask), broadcast over batch and heads."""
+  q, k, v = rand(2, 2, 8, 4), rand(2, 2, 8, 4), rand(2, 2, 8, 4)
+  mask: np.ndarray | None = None
+  if mode == "bool_mask":
+    mask = RNG.random((2, 1, 8, 8)) < 0.6
+    mask[..., 0] = True
+  if mode == "float_mask":
+    mask = rand(2, 1, 1, 8)
+    mask[0, ..., 5:] = -np.inf
+  m = None if mask is None else Tensor(mask, device=run_device)
+  check(run_device, lambda a, b, c: a.scaled_dot_product_attention(b, c, m, is_causal=mode == "causal"),
+        lambda a, b, c: np_sdpa(a, b, c, mask, mode == "causal"), q, k, v, atol=1e-5, rtol=1e-4, gtol=5e-3, grad=(0, 1, 2))

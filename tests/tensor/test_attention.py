@@ -1,0 +1,115 @@
+"""Attention's building blocks as the scheduler and the CPU compile them (issue 20): values against PyTorch where it is
+installed, and structure: which kernels run and what work their estimates count (values on every device are in the
+conformance suite, plugrad/testing/test_tensor_attention.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad import nn
+from plugrad.engine.schedule import create_schedule
+from plugrad.helpers import Context
+from plugrad.tensor.tensor import Tensor
+from plugrad.uop.ops import Ops
+
+RNG = np.random.default_rng(7)
+
+
+def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device="CPU")
+
+
+def kernels(t: Tensor) -> list:
+  items, _ = create_schedule(t.uop)
+  return [it for it in items if it.kind == "kernel"]
+
+
+def flops(t: Tensor) -> list[int]: return [int(it.program.estimates.ops) for it in kernels(t)]
+
+
+@pytest.mark.parametrize("act", ["layernorm", "gelu", "affine_layernorm", "nn_layernorm_3d"])
+def test_projection_fed_by_elementwise_work_counts_the_matmul_once(act):
+  """A projection whose input is layernorm(x) or gelu(x): the normalization is computed once per element in its own
+  kernel, not once per output column tile inside the matmul, and the matmul's estimate is the matmul's 2*M*N*K."""
+  M, K, N = 256, 96, 128
+  x, w, g, b = T(M, K), T(K, N), T(K), T(K)
+  ln = nn.LayerNorm(K)
+  a = {"layernorm": lambda: x.layernorm(), "gelu": lambda: x.gelu(), "affine_layernorm": lambda: x.layernorm() * g + b,
+       "nn_layernorm_3d": lambda: ln(x.reshape(4, M // 4, K))}[act]
+  fl = flops(a() @ w)
+  assert max(fl) == 2 * M * N * K, fl
+  assert sum(fl) < 1.1 * 2 * M * N * K, fl  # the elementwise kernel is a small fraction
+  with Context(RECOMPUTE_MAX=0):  # the old fusion recomputed the operand inside the matmul: its estimate says so
+    assert max(flops(a() @ w)) > 2 * M * N * K
+  np.testing.assert_allclose((a() @ w).numpy(), a().numpy() @ w.numpy(), rtol=1e-4, atol=2e-4)
+
+
+def test_small_broadcast_stays_fused():
+  """An operand broadcast at most RECOMPUTE_MAX times (attention's probabilities times a 16-wide value) is not worth a
+  buffer of its own when its work is cheap: one kernel."""
+  x, w = T(64, 32), T(32, 8)
+  assert len(kernels((x * 2 + 1) @ w)) == 1
+
+
+def test_attention_kernels():
+  """q.k^T with its scale and mask ends in the matmul's kernel (no separate pass over the scores), the softmax's row
+  statistics are one reduction each, and the probabilities are computed once per score (not once per output column)."""
+  q, k, v, m = T(2, 3, 64, 32), T(2, 3, 64, 32), T(2, 3, 64, 32), T(2, 1, 1, 64)
+  ks = kernels(q.scaled_dot_product_attention(k, v, m))
+  assert len(ks) == 5, [it.ast.arg.name for it in ks]
+  qk = 2 * 2 * 3 * 64 * 64 * 32
+  fl = [int(it.program.estimates.ops) for it in ks]
+  assert sorted(fl)[-2:] == sorted([qk, qk + 2 * 2 * 3 * 64 * 64]), fl  # P.V exactly; q.k^T plus its scale and mask
+  scores = 2 * 3 * 64 * 64
+  assert sum(1 for it in ks if it.bufs[0].arg == scores) == 2  # the scaled scores and the probabilities: no third copy
+
+
+def test_exp_is_vector_arithmetic_on_the_cpu():
+  """The CPU renders a vector exp2 as arithmetic (libm would be called once per lane)."""
+  src = kernels(T(4, 64).exp())[0].program.source
+  assert "exp2" not in src.replace("vexp2", ""), src[:2000]
+
+
+def test_values_against_torch():
+  torch = pytest.importorskip("torch")
+  x = RNG.standard_normal((4, 3, 16, 48)).astype(np.float32) * 10
+  x[..., 40:] = -np.inf  # a padding mask
+  tx = torch.from_numpy(x)
+  np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), torch.softmax(tx, -1).numpy(), rtol=1e-5, atol=1e-7)
+  got, want = Tensor(x).log_softmax(-1).numpy(), torch.log_softmax(tx, -1).numpy()
+  assert (np.isneginf(got) == np.isneginf(want)).all()
+  fin = np.isfinite(want)
+  np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+  y = RNG.standard_normal((64, 384)).astype(np.float32) + 100
+  np.testing.assert_allclose(Tensor(y).layernorm().numpy(), torch.nn.functional.layer_norm(torch.from_numpy(y), (384,)).numpy(), atol=2e-3)
+  q, k, v = (RNG.standard_normal((2, 3, 32, 16)).astype(np.float32) for _ in range(3))
+  bmask = RNG.random((32, 32)) < 0.7
+  bmask[:, 0] = True
+  fmask = RNG.standard_normal((2, 1, 1, 32)).astype(np.float32)
+  fmask[..., 28:] = -np.inf
+  tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+  F = torch.nn.functional.scaled_dot_product_attention
+  for kw, tkw in (({}, {}), ({"attn_mask": Tensor(bmask)}, {"attn_mask": torch.from_numpy(bmask)}),
+                  ({"attn_mask": Tensor(fmask)}, {"attn_mask": torch.from_numpy(fmask)}), ({"is_causal": True}, {"is_causal": True})):
+    got = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), **kw).numpy()
+    np.testing.assert_allclose(got, F(tq, tk, tv, **tkw).numpy(), rtol=1e-4, atol=1e-5, err_msg=str(tkw))
+
+
+def test_attention_backward_against_torch():
+  torch = pytest.importorskip("torch")
+  q, k, v = (RNG.standard_normal((2, 2, 16, 8)).astype(np.float32) for _ in range(3))
+  g = RNG.standard_normal((2, 2, 16, 8)).astype(np.float32)
+  for causal in (False, True):
+    ts = [Tensor(a, requires_grad=True) for a in (q, k, v)]
+    (ts[0].scaled_dot_product_attention(ts[1], ts[2], is_causal=causal) * Tensor(g)).sum().backward()
+    tt = [torch.from_numpy(a).requires_grad_() for a in (q, k, v)]
+    (torch.nn.functional.scaled_dot_product_attention(*tt, is_causal=causal) * torch.from_numpy(g)).sum().backward()
+    for a, b in zip(ts, tt):
+      assert a.grad is not None and b.grad is not None
+      np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_no_exp_in_the_value_matmul():
+  """The P.V kernel reads realized probabilities (the exp ran once per score, vectorized), not exp per packed copy."""
+  q, k, v = T(1, 2, 64, 32), T(1, 2, 64, 32), T(1, 2, 64, 32)
+  pv = kernels(q.scaled_dot_product_attention(k, v))[-1]
+  assert not any(u.op is Ops.EXP2 for u in pv.ast.toposort)
