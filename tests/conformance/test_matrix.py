@@ -13,9 +13,13 @@ from plugrad.device.registry import Device
 # and LLVM IR compiled in-process (CPU_LLVM=1, the default where llvmlite is installed)
 CASES = [("PYTHON", None, {}, "PYTHON"), ("NULL", None, {}, "NULL"), ("PYTHON", "CUDA", {}, "PYTHON-EMULATE=CUDA"),
          ("PYTHON", "METAL", {}, "PYTHON-EMULATE=METAL"), ("PYTHON", "AMD", {}, "PYTHON-EMULATE=AMD"), ("CPU", None, {"CPU_LLVM": "0"}, "CPU-C"),
-         ("CPU", None, {"CPU_LLVM": "1"}, "CPU-LLVM"), ("WEBGPU", None, {}, "WEBGPU")]
+         ("CPU", None, {"CPU_LLVM": "1"}, "CPU-LLVM"), ("WEBGPU", None, {}, "WEBGPU"),
+         ("CUDA", None, {"CUDA_ARCH": "sm_80"}, "CUDA-sm_80"), ("CUDA", None, {"CUDA_ARCH": "sm_90"}, "CUDA-sm_90")]
 # devices whose plugin needs a package that a development install may lack (.ci/run installs them all, so CI runs every case)
-NEEDS = {"WEBGPU": ("plugrad_webgpu", "wgpu")}
+NEEDS = {"WEBGPU": ("plugrad_webgpu", "wgpu"), "CUDA": ("plugrad_cuda",)}
+# devices checked without their hardware where it is missing: the tiers that need none (the suite opens the device with
+# Device.offline when the run tier is not selected); with the hardware, every tier runs
+OFFLINE_TIERS = {"CUDA": "render,compile,emulate"}
 ENV_NEEDS = {("CPU_LLVM", "1"): "llvmlite"}  # the package an extra environment setting needs
 
 
@@ -27,12 +31,14 @@ def test_conformance_suite(device, emulate, extra, tmp_path):
     if extra.get(var) == value and importlib.util.find_spec(module) is None:
       pytest.skip(f"{var}={value} needs the {module} package (.ci/run installs it)")
   probe = Device.spec(device).probe if device in NEEDS else None
-  if probe is not None and (why := probe()) is not None:
+  offline = probe is not None and (why := probe()) is not None
+  if offline and device not in OFFLINE_TIERS:
     pytest.skip(f"{device} is not available here: {why} (.ci/run installs Mesa's drivers and checks every device first)")
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATE", "CPU_LLVM"))}
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATE", "CPU_LLVM", "CUDA_ARCH"))}
   env.update(SPEC="1", PLUGRAD_STRICT_PLUGINS="1", PLUGRAD_CACHE_DIR=str(tmp_path), **extra)
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--pyargs", "plugrad.testing",
          f"--plugrad-device={device}", "-o", "addopts="]
+  if offline: cmd.append(f"--plugrad-tiers={OFFLINE_TIERS[device]}")
   if emulate:  # the emulated targets differ in kernel-level features (tensor cores, limits); tensor tests run once above
     env["EMULATE"] = emulate
     cmd += ["-k", "test_kernel"]

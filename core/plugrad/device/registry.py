@@ -86,6 +86,28 @@ class CompiledDevice:
     self.runtime.synchronize()
 
 
+class OfflineDevice(CompiledDevice):
+  """A device whose probe says it cannot be used here, opened for what needs no hardware: its renderer and compiler
+  (the render and compile tiers of a GPU backend on a machine without the GPU). Its allocator, runtime and graph
+  runner raise DeviceUnavailableError with the probe's reason; nothing is ever launched on it."""
+  def __init__(self, name: str, entry: DeviceEntry, manager: PluginManager, reason: str):
+    super().__init__(name, entry, manager)
+    self.reason = reason
+
+  def __repr__(self) -> str: return f"<OfflineDevice {self.name} from {self.plugin.label}: {self.reason}>"
+
+  def _unavailable(self, what: str) -> DeviceUnavailableError:
+    return DeviceUnavailableError(f"device {self.name} is unavailable here ({self.reason}); Device.offline gives its renderer and "
+                                  f"compiler only, not its {what}")
+
+  @functools.cached_property
+  def allocator(self) -> Any: raise self._unavailable("allocator")
+  @functools.cached_property
+  def runtime(self) -> Any: raise self._unavailable("runtime")
+  @functools.cached_property
+  def graph(self) -> type | None: raise self._unavailable("graph runner")
+
+
 class DeviceRegistry:
   """The type of `Device`. A registry built with a manager uses that one (tests, embedding); the default one follows the
   process-wide manager of `plugrad.plugin.manager`, dropping its cached devices when that manager is replaced."""
@@ -141,6 +163,18 @@ class DeviceRegistry:
           raise DeviceUnavailableError(f"device {canon} is unavailable here: {reason} (plugin {entry.plugin.name!r}, {entry.plugin.label})")
         dev = self._devices[canon] = CompiledDevice(canon, entry, mgr)
     return dev
+
+  def offline(self, name: str) -> CompiledDevice:
+    """The device for rendering and compiling only, usable or not: `Device[name]` when the device is available here,
+    else an `OfflineDevice` whose renderer and compiler come from its plugin as usual (a GPU backend renders and
+    compiles for a target given by its own settings, e.g. CUDA_ARCH) and whose allocator and runtime raise
+    DeviceUnavailableError with the probe's reason. Not cached, and never the default device."""
+    canon = self.canonicalize(name)
+    mgr = self._mgr()
+    base = parse_device(canon)[0]
+    entry = mgr.entry(base)
+    if (reason := mgr.probe(base)) is None: return self[canon]
+    return OfflineDevice(canon, entry, mgr, reason)
 
   def __contains__(self, name: object) -> bool:
     try: return isinstance(name, str) and bool(self.canonicalize(name))

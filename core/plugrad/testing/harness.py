@@ -19,7 +19,7 @@ import pytest
 
 from plugrad.builtin.python_renderer import TARGETS, PythonRenderer
 from plugrad.device.buffer import Buffer
-from plugrad.device.registry import CompiledDevice, Device
+from plugrad.device.registry import CompiledDevice, Device, OfflineDevice
 from plugrad.device.runner import ProgramRunner
 from plugrad.dtype import DType, dtypes
 from plugrad.plugin.hookspecs import device_name
@@ -30,14 +30,24 @@ from plugrad.uop.program import ProgramUOp
 TIERS = ("render", "compile", "emulate", "run")
 
 
+def runtime_capabilities(dev: CompiledDevice) -> frozenset[str]:
+  """The runtime's capabilities; none for a device opened with `Device.offline` (unavailable here: nothing runs)."""
+  return frozenset() if isinstance(dev, OfflineDevice) else frozenset(dev.runtime.capabilities)
+
+
 def capabilities(dev: CompiledDevice) -> frozenset[str]:
-  return frozenset(dev.renderer.capabilities) | frozenset(dev.runtime.capabilities)
+  return frozenset(dev.renderer.capabilities) | runtime_capabilities(dev)
+
+
+def require_run(dev: CompiledDevice) -> None:
+  """Skip (with the reason) a test that runs kernels on a device that cannot."""
+  if isinstance(dev, OfflineDevice): pytest.skip(f"{dev.name} is unavailable here ({dev.reason}): only rendered and compiled")
+  if "run" not in dev.runtime.capabilities: pytest.skip(f"{dev.name} does not run kernels (its runtime lacks the 'run' capability)")
 
 
 def require(dev: CompiledDevice, needs: frozenset[str], tier: str) -> None:
   """Skip (with the reason) when the device lacks a capability the kernel or tier needs."""
-  if tier == "run" and "run" not in dev.runtime.capabilities:
-    pytest.skip(f"{dev.name} does not run kernels (its runtime lacks the 'run' capability)")
+  if tier == "run": require_run(dev)
   if tier != "emulate" and (missing := needs - capabilities(dev)):
     pytest.skip(f"{dev.name} lacks {', '.join(sorted(missing))}")
   if tier == "emulate" and (missing := needs - frozenset(emulating_renderer(dev).capabilities)):

@@ -39,11 +39,18 @@ def _tiers(config: pytest.Config) -> tuple[str, ...]:
   return tiers
 
 
+def _device(config: pytest.Config) -> Any:
+  """The device under test. Without the run tier nothing is launched, so a device that is unavailable here (a GPU
+  backend on a machine without the GPU) is opened with `Device.offline`: rendered and compiled, never run."""
+  from plugrad.device.registry import Device
+  name = _device_name(config)
+  return Device[name] if "run" in _tiers(config) else Device.offline(name)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
   if "conformance_kernel" in metafunc.fixturenames:
-    from plugrad.device.registry import Device
     from plugrad.testing.kernels import device_kernels, suite
-    names = sorted(suite()) + sorted(device_kernels(Device[_device_name(metafunc.config)].renderer))
+    names = sorted(suite()) + sorted(device_kernels(_device(metafunc.config).renderer))
     metafunc.parametrize("conformance_kernel", names)
   if "tier" in metafunc.fixturenames: metafunc.parametrize("tier", _tiers(metafunc.config))
 
@@ -69,10 +76,10 @@ def plugrad_device(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def plugrad_dev(plugrad_device: str) -> Any:
-  """The device under test (a `CompiledDevice`); fails the session early with the reason when it is unusable."""
-  from plugrad.device.registry import Device
-  return Device[plugrad_device]
+def plugrad_dev(request: pytest.FixtureRequest) -> Any:
+  """The device under test (a `CompiledDevice`); fails the session early with the reason when it is unusable (and the
+  run tier is selected: see `_device`)."""
+  return _device(request.config)
 
 
 @pytest.fixture
@@ -84,5 +91,6 @@ def conformance_builder(conformance_kernel: str, plugrad_dev: Any) -> Any:
 @pytest.fixture
 def run_device(plugrad_dev: Any) -> str:
   """The device under test for tests that compute (tensor-level tests); skips on devices that do not run kernels."""
-  if "run" not in plugrad_dev.runtime.capabilities: pytest.skip(f"{plugrad_dev.name} does not run kernels (no 'run' capability)")
+  from plugrad.testing.harness import require_run
+  require_run(plugrad_dev)
   return plugrad_dev.name

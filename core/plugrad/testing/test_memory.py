@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 from plugrad.device.buffer import Buffer
+from plugrad.device.registry import OfflineDevice
 from plugrad.device.smoke import run_smoke
 from plugrad.dtype import dtypes
+from plugrad.testing.harness import require_run
 from plugrad.testing.kernels import dname, np_dtype
 
 pytestmark = pytest.mark.plugrad_conformance
@@ -12,11 +14,12 @@ pytestmark = pytest.mark.plugrad_conformance
 
 @pytest.fixture
 def runs(plugrad_dev):
-  if "run" not in plugrad_dev.runtime.capabilities: pytest.skip(f"{plugrad_dev.name} does not run kernels")
+  require_run(plugrad_dev)
   return plugrad_dev
 
 
 def test_smoke(plugrad_dev):
+  if isinstance(plugrad_dev, OfflineDevice): pytest.skip(f"{plugrad_dev.name} is unavailable here ({plugrad_dev.reason})")
   res = run_smoke(plugrad_dev.name)
   assert res.passed, res.error or res.detail
 

@@ -1,0 +1,157 @@
+"""The CUDA graph runner: a TinyJit batch becomes one CUDA graph (`cuGraphCreate`, one kernel node per launch with
+`cuGraphAddKernelNode`, instantiated once with `cuGraphInstantiateWithFlags`) and each replay is one `cuGraphLaunch`.
+
+A replay with other buffers or other values of the symbolic variables patches only the kernel nodes whose arguments
+or launch dims changed (`cuGraphExecKernelNodeSetParams`) in the instantiated graph. The graph is built and
+instantiated again only when its topology changes: a symbolic launch size of 0 removes that launch (CUDA cannot
+launch an empty grid), so the set of nodes differs.
+
+The graph-building logic is pure Python (`GraphPlan`, `Launch`, `topology`), separate from the driver calls
+(`CUDAGraph`), so that it is unit-tested without a GPU. Edges: the GraphRunner base's `deps` (read after write, write
+after read) plus write after write, which the base leaves out because a sequential replay never needs it.
+
+UNVERIFIED HERE (no GPU on the development machine): the driver half runs only on a GPU machine
+(bench/gpu/cuda_check.sh runs the conformance suite's graph tests and times replays).
+"""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
+from plugrad_cuda.driver import check
+from plugrad_cuda.runtime import CUDAProgram, Params
+
+Dims3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Launch:
+  """One kernel's launch in one replay: grid and block dims, buffer device pointers, variable values."""
+  grid: Dims3
+  block: Dims3
+  ptrs: tuple[int, ...]
+  vals: tuple[int, ...]
+
+  @property
+  def empty(self) -> bool: return 0 in self.grid
+
+
+Topology = tuple[tuple[int, tuple[int, ...]], ...]  # (kernel index, the kernel indices its node depends on) per node
+
+
+def write_after_write(writes: Sequence[set[Any]]) -> list[frozenset[int]]:
+  """For each kernel, the earlier kernels that last wrote a buffer it writes (`writes[j]`: the buffers kernel j writes)."""
+  last: dict[Any, int] = {}
+  out = []
+  for j, w in enumerate(writes):
+    out.append(frozenset(last[b] for b in w if b in last))
+    for b in w: last[b] = j
+  return out
+
+
+def topology(deps: Sequence[frozenset[int]], launches: Sequence[Launch]) -> Topology:
+  """The nodes of the graph for these launches: every kernel with a non-empty grid, depending on the nodes of its
+  dependencies. A dependency that does not launch passes its own dependencies on, so ordering survives its removal."""
+  eff: list[frozenset[int]] = []
+  nodes = []
+  for j, d in enumerate(deps):
+    through = frozenset(x for k in d for x in ((k,) if not launches[k].empty else eff[k]))
+    eff.append(through)
+    if not launches[j].empty: nodes.append((j, tuple(sorted(through))))
+  return tuple(nodes)
+
+
+class GraphPlan:
+  """What a CUDA graph of a batch holds, computed from a GraphRunner's precomputed tables: the edges and, for a
+  replay, each kernel's `Launch`. `ptr(handle)` gives a buffer handle's device address."""
+  def __init__(self, runner: GraphRunner, ptr: Callable[[Any], int] = lambda h: h.ptr):
+    self.runner, self.ptr = runner, ptr
+    writes = [{k.bufs[i].base for i in k.runner.program.outs} for k in runner.kernels]
+    self.edges = [a | b for a, b in zip(runner.deps, write_after_write(writes))]
+    self.static = [None if j in runner.symbolic_dims else k.runner.program.launch_dims({}) for j, k in enumerate(runner.kernels)]
+
+  def launches(self, slots: Sequence[Buffer], var_vals: dict[str, int]) -> list[Launch]:
+    r, out = self.runner, []
+    for j in range(len(r.kernels)):
+      g, l = d if (d := self.static[j]) is not None else r.launch_dims(j, var_vals)
+      ptrs = tuple(self.ptr(b.ensure_allocated().handle) for b in r.buffers(j, slots))
+      out.append(Launch(g, l, ptrs, r.vals(j, var_vals)))
+    return out
+
+  def topology(self, launches: Sequence[Launch]) -> Topology: return topology(self.edges, launches)
+
+
+class KernelNodeParams(ctypes.Structure):
+  """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h, CUDA 12+): the function, the launch dims, the argument array; kern/ctx unused."""
+  _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+              ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+              ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+def node_params(fn: Any, launch: Launch, params: Params) -> KernelNodeParams:
+  """The node description of `launch` (the argument values are written into `params`, whose array it points at)."""
+  params.set(launch.ptrs, launch.vals)
+  return KernelNodeParams(fn.value if isinstance(fn, ctypes.c_void_p) else fn, *launch.grid, *launch.block, 0,
+                          ctypes.cast(params.array, ctypes.c_void_p).value, None, None, None)
+
+
+class CUDAGraph(GraphRunner):
+  def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
+    super().__init__(kernels, slots, var_names)
+    self.progs: list[CUDAProgram] = []
+    for k in self.kernels:
+      if not isinstance(k.runner.lib, CUDAProgram):
+        raise GraphError(f"kernel {k.runner.name!r} is not a CUDA program ({type(k.runner.lib).__name__})")
+      self.progs.append(k.runner.lib)
+    self.rt = self.progs[0].runtime
+    self.ctx, self.lib = self.rt.ctx, self.rt.ctx.lib
+    self.plan = GraphPlan(self)
+    self.params = [Params(p.nbufs, p.var_types) for p in self.progs]
+    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+    self.nodes: dict[int, ctypes.c_void_p] = {}
+    self.topo: Topology | None = None
+    self.last: list[Launch] = []
+    self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
+
+  def _build(self, topo: Topology, launches: Sequence[Launch]) -> None:
+    lib = self.lib
+    self._destroy()
+    check(lib, lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
+    self.nodes = {}
+    for j, deps in topo:
+      node = ctypes.c_void_p()
+      dep_arr = (ctypes.c_void_p * max(len(deps), 1))(*[self.nodes[d] for d in deps])
+      p = node_params(self.progs[j].fn, launches[j], self.params[j])
+      check(lib, lib.cuGraphAddKernelNode_v2(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)), ctypes.byref(p)),
+            f"cuGraphAddKernelNode({self.progs[j].name!r})")
+      self.nodes[j] = node
+    check(lib, lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)), "cuGraphInstantiateWithFlags")
+    self.topo, self.rebuilds = topo, self.rebuilds + 1
+
+  def _destroy(self) -> None:
+    if self.exec.value: self.lib.cuGraphExecDestroy(self.exec)
+    if self.graph.value: self.lib.cuGraphDestroy(self.graph)
+    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+
+  def __del__(self) -> None:
+    try: self._destroy()
+    except Exception: pass  # interpreter shutdown: the driver may be gone
+
+  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+    launches = self.plan.launches(slots, var_vals)
+    topo = self.plan.topology(launches)
+    self.ctx.activate()
+    if topo != self.topo: self._build(topo, launches)
+    else:
+      for j, _ in topo:
+        if launches[j] != self.last[j]:
+          p = node_params(self.progs[j].fn, launches[j], self.params[j])
+          check(self.lib, self.lib.cuGraphExecKernelNodeSetParams_v2(self.exec, self.nodes[j], ctypes.byref(p)),
+                f"cuGraphExecKernelNodeSetParams({self.progs[j].name!r})")
+    self.last = launches
+    if wait: check(self.lib, self.lib.cuEventRecord(self.rt.events[0], self.ctx.stream), "cuEventRecord")
+    check(self.lib, self.lib.cuGraphLaunch(self.exec, self.ctx.stream), "cuGraphLaunch")
+    return self.rt.elapsed() if wait else None
