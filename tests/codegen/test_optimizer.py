@@ -597,3 +597,19 @@ def test_heuristics_pad_an_odd_vector_count_to_the_full_tile(dev):
   applied = list(get_program(ast, Device["CPU"].renderer).applied_opts)
   if w > 1: assert applied[:2] == [Opt(OptOps.PADTO, 1, 2 * w), Opt(OptOps.UPCAST, 1, 2 * w)], applied
   check_same(ast, Device[dev].renderer, applied, var_vals)
+
+
+def test_heuristics_pad_an_lm_head_to_the_register_tile():
+  # a tied LM head over a vocabulary with no small divisors (50257 = 29 x 1733; here 1073 = 29 x 37): the logits x.W^T
+  # PADTO the vocabulary to two vectors, the weight gradient g^T.x PADTOs it to the tile's rows, the input gradient g.W
+  # PADTOs it (the reduction) to the unroll; without them the tile had one row (or one vector) and a scalar reduce loop
+  w = max(1, Device["CPU"].renderer.vector_width)
+  if w == 1: pytest.skip("no vector lanes")
+  rows = 8 if w >= 16 else 4
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device="CPU")
+  x, W, g = T(64, 96), T(1073, 96), T(64, 1073)
+  for t, want in ((x @ W.T, Opt(OptOps.UPCAST, 1, 2 * w)), (g.T @ x, Opt(OptOps.UPCAST, 0, rows)), (g @ W, Opt(OptOps.UNROLL, 0, 4))):
+    ast, var_vals = _ast(t)
+    applied = list(get_program(ast, Device["CPU"].renderer).applied_opts)
+    assert want in applied and any(o.op is OptOps.PADTO for o in applied), applied
+    check_same(ast, Device["CPU"].renderer, applied, var_vals)

@@ -203,3 +203,15 @@ def test_short_long_indivisible_or_wide_reductions_are_not_split(shape, axes):
   r = Tensor(a, device=DEV).sum(axes)
   assert kernels(r) == 1
   np.testing.assert_allclose(r.numpy(), a.sum(axes), rtol=1e-4, atol=1e-3)
+
+
+def test_padded_reductions_get_their_own_kernels():
+  # chunk(3)'s backward adds three padded gradients (q, k, v). A reduction fused under a PAD would run its loop for every
+  # element of the padded output and have the gate drop most results (3x the work for the QKV gradient): each ends in
+  # its own kernel, and the kernel that adds the padded pieces reduces nothing
+  a, b, c, d = t(8, 16), t(16, 12, seed=1), t(8, 16, seed=2), t(16, 20, seed=3)
+  out = (a @ b).cat(c @ d, dim=1)
+  items, _ = create_schedule(out.uop)
+  assert len(items) == 3 and not any(u.op is Ops.REDUCE for u in items[-1].ast.toposort), items
+  want = np.concatenate([a.numpy() @ b.numpy(), c.numpy() @ d.numpy()], axis=1)
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)

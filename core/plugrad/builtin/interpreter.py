@@ -11,8 +11,9 @@ sizes that disagree with the kernel's SPECIALs. Each raises with the kernel, the
 ALU semantics are C's, per dtype, and agree with `exec_alu` (the constant folder): integers wrap, IDIV truncates,
 MOD takes the dividend's sign; floats compute in float64 and round once to their dtype; MAX is numpy's (nan wins).
 Like a hardware device, the interpreter leaves integer division by 0 or -1 and out-of-range shifts to the guards the
-codegen writes (codegen/decompose.py), and has no THREEFRY (lowered to 32-bit integer ops) and no bfloat16 (float32
-values rounded by integer ops, uint16 memory: it runs the emulation every device without bfloat16 runs). Where C and
+codegen writes (codegen/decompose.py), and has no THREEFRY (lowered to 32-bit integer ops), no vectors of addresses
+(split into scalar accesses: a pointer is one address, a vector access the contiguous elements from it) and no bfloat16
+(float32 values rounded by integer ops, uint16 memory: it runs the emulation every device without bfloat16 runs). Where C and
 IEEE 754 differ from `exec_alu`, float POW of 0 to a negative power is inf (not nan).
 """
 from __future__ import annotations
@@ -151,7 +152,6 @@ class Program:
   lines: tuple[Line, ...]
   ends: dict[int, int] = field(default_factory=dict)              # RANGE/IF → its ENDRANGE/ENDIF
   frees: list[list[int]] = field(default_factory=list)            # values dead after each line
-  lanes: list[int] = field(default_factory=list)                  # addresses in each pointer value
   tcs: dict[int, TensorCore] = field(default_factory=dict)
   slots: tuple[int, ...] = ()                                     # DEFINE_GLOBAL slots, sorted: the order of handles
   variables: tuple[tuple[str, int, int], ...] = ()                # DEFINE_VAR args sorted by name: the order of vals
@@ -211,7 +211,8 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
   if op in (Ops.ENDRANGE, Ops.ENDIF, Ops.BARRIER): return None if dt is dtypes.void else f"{op.name} has dtype void"
   if op is Ops.INDEX:
     if not 2 <= n <= 3 or not isinstance(sd[0], PtrDType) or sd[0].v != 1 or not _is_int(sd[1]): return "INDEX needs (pointer, integer index[, gate])"
-    if n == 3 and (sd[2].scalar() is not dtypes.bool or sd[2].count != sd[1].count): return "INDEX gate must be bool, one per index"
+    if sd[1].count != 1: return f"INDEX by a vector of {sd[1].count} indices: the codegen splits vectors of addresses (codegen/decompose.py)"
+    if n == 3 and sd[2] is not dtypes.bool: return "INDEX gate must be one bool"
     return None if isinstance(dt, PtrDType) and dt.base.scalar() is sd[0].base.scalar() else "INDEX must keep the pointer's element type"
   if op in (Ops.LOAD, Ops.STORE):
     if not n or not isinstance(sd[0], PtrDType): return f"{op.name} needs a pointer first"
@@ -219,8 +220,7 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
     if op is Ops.STORE and (n != 2 or dt is not dtypes.void): return "STORE needs (pointer, value) and dtype void"
     if not _is_value(val) or val.scalar() is not sd[0].base.scalar(): return f"{op.name} value must have the pointer's element type"
     if op is Ops.LOAD and not all(d is dtypes.void for d in sd[2 if n > 1 and sd[1] is not dtypes.void else 1:]): return "LOAD takes (pointer[, alt])"
-    if op is Ops.LOAD and n > 1 and sd[1] is not dtypes.void and sd[1] is not dt: return "LOAD alt must have the load's dtype"
-    return None if val.count % p.lanes[l.src[0]] == 0 else f"{op.name} of {val.count} elements through {p.lanes[l.src[0]]} addresses"
+    return "LOAD alt must have the load's dtype" if op is Ops.LOAD and n > 1 and sd[1] is not dtypes.void and sd[1] is not dt else None
   if op is Ops.CAST:
     if n != 1: return "CAST needs 1 source"
     if isinstance(dt, PtrDType): return None if isinstance(sd[0], PtrDType) and sd[0].base.scalar() is dt.base.scalar() else "bad pointer CAST"
@@ -228,6 +228,8 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
   if op is Ops.BITCAST:
     ok = n == 1 and _is_value(dt) and _is_value(sd[0]) and dtypes.bool not in (dt.scalar(), sd[0].scalar()) and dt.itemsize == sd[0].itemsize
     return None if ok else "BITCAST needs a non-bool value of the same byte size"
+  if op in (Ops.VECTORIZE, Ops.GEP) and isinstance(dt, PtrDType):
+    return f"{op.name} of pointers (a vector of addresses): the codegen splits them (codegen/decompose.py)"
   if op is Ops.VECTORIZE: return None if n == dt.vcount and all(d is dt.scalar() for d in sd) else f"VECTORIZE needs {dt.vcount} {dt.scalar()!r}"
   if op is Ops.GEP:
     ok = n == 1 and isinstance(arg, tuple) and len(arg) > 0 and all(_int_arg(g) and 0 <= g < sd[0].vcount for g in arg)
@@ -243,14 +245,6 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
     return None
   if op in (Ops.CUSTOM, Ops.CUSTOMI): return f"{op.name} holds device code ({arg!r}) that the interpreter cannot run"
   return f"{op.name} is not allowed in a linear program"
-
-
-def _lanes(p: Program, l: Line) -> int:
-  if l.op is Ops.INDEX: return p.lines[l.src[1]].dtype.count
-  if l.op is Ops.CAST: return p.lanes[l.src[0]]
-  if l.op is Ops.VECTORIZE: return sum(p.lanes[j] for j in l.src)
-  if l.op is Ops.GEP: return len(l.arg)
-  return 1
 
 
 def check_program(text: str) -> Program:
@@ -276,7 +270,6 @@ def check_program(text: str) -> Program:
       raise fail(l, f"target {p.target.name} has no {dt.scalar()!r}")
     # a block's opener and closer belong to the enclosing scope (uops after a loop may order themselves after its ENDRANGE)
     scope.append(tuple(blocks[:-1]) if l.op in (Ops.ENDRANGE, Ops.ENDIF) else tuple(blocks))
-    p.lanes.append(_lanes(p, l))
     if l.op in (Ops.RANGE, Ops.IF): blocks.append(i)
     elif l.op in (Ops.ENDRANGE, Ops.ENDIF):
       want = Ops.RANGE if l.op is Ops.ENDRANGE else Ops.IF
@@ -308,7 +301,7 @@ def check_program(text: str) -> Program:
 # ---- memory
 
 class Ptr(NamedTuple):
-  """A pointer value: scalar positions into `mem` per thread ((T,) or (T, lanes)), and the gate of each."""
+  """A pointer value (one address per thread): the scalar position into `mem` ((T,); None: 0) and the gate ((T,); None: always)."""
   mem: Mem
   pos: np.ndarray | None
   gate: np.ndarray | None
@@ -381,13 +374,12 @@ class _Launch:
 
   # -- memory access
   def access(self, pc: int, ptr: Ptr, width: int, verb: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(addresses (T, width), active (T, width) or None for all) of a `width`-element access through `ptr`."""
+    """(addresses (T, width), active (T, width) or None for all) of a `width`-element access through `ptr` (a vector:
+    the contiguous elements from its address)."""
     mem = ptr.mem
-    pos = np.zeros((self.T, 1), np.int64) if ptr.pos is None else ptr.pos.reshape(self.T, -1)
-    per = width // pos.shape[1]
-    addr = (pos[:, :, None] + np.arange(per)).reshape(self.T, width)
+    addr = (np.zeros(self.T, np.int64) if ptr.pos is None else ptr.pos)[:, None] + np.arange(width)
     active: np.ndarray | None = None
-    if ptr.gate is not None: active = np.repeat(ptr.gate.reshape(self.T, -1), per, axis=1)
+    if ptr.gate is not None: active = np.repeat(ptr.gate.reshape(self.T, 1), width, axis=1)
     if self.mask is not None: active = self.mask[:, None] & (active if active is not None else True)
     bad = (addr < 0) | (addr >= mem.size)
     if active is not None: bad &= active
@@ -540,24 +532,17 @@ class _Launch:
   def index(self, pc: int, l: Line) -> Ptr:
     base: Ptr = self.v[l.src[0]]
     idx = self.v[l.src[1]].astype(np.int64) * self.p.lines[l.src[0]].dtype.base.count
-    pos = idx if base.pos is None else (base.pos[:, None] if base.pos.ndim < idx.ndim else base.pos) + idx
+    pos = idx if base.pos is None else base.pos + idx
     gate = self.v[l.src[2]] if len(l.src) == 3 else None
     if base.gate is not None: gate = base.gate if gate is None else gate & base.gate
     return Ptr(base.mem, pos, gate)
 
   def vectorize(self, pc: int, l: Line) -> Any:
     xs = [self.v[j] for j in l.src]
-    if not isinstance(xs[0], Ptr): return np.stack(xs, axis=-1) if len(xs) > 1 else xs[0]
-    if any(x.mem is not xs[0].mem for x in xs): raise self.error(pc, "a vector of pointers into different buffers")
-    pos = np.stack([np.zeros(self.T, np.int64) if x.pos is None else x.pos.reshape(self.T, -1) for x in xs], axis=1).reshape(self.T, -1)
-    gates = [np.ones(pos.shape[0], bool) if x.gate is None else x.gate for x in xs]
-    return Ptr(xs[0].mem, pos, None if all(x.gate is None for x in xs) else np.stack(gates, axis=1).reshape(self.T, -1))
+    return np.stack(xs, axis=-1) if len(xs) > 1 else xs[0]
 
   def gep(self, pc: int, l: Line) -> Any:
     x, sel = self.v[l.src[0]], list(l.arg)
-    if isinstance(x, Ptr):
-      pos = np.zeros((self.T, 1), np.int64) if x.pos is None else x.pos.reshape(self.T, -1)
-      return Ptr(x.mem, pos[:, sel], None if x.gate is None else x.gate.reshape(self.T, -1)[:, sel])
     if x.ndim == 1: return x
     return x[:, sel[0]] if len(sel) == 1 else x[:, sel]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from plugrad.backend import CAPABILITIES, Allocator, BufferSpec, Compiler, Dims, Renderer, Runtime, UOp, linear_parts
+from plugrad.backend import CAPABILITIES, Allocator, BufferSpec, Compiler, Dims, GroupOp, Renderer, Runtime, UOp, linear_parts
 
 
 class NullRenderer(Renderer):
@@ -16,6 +16,7 @@ class NullRenderer(Renderer):
   local_max = (1024, 1024, 64)
   shared_max = 49152
   capabilities = CAPABILITIES - {"tensor_cores", "images"}
+  native_math = GroupOp.Transcendental
 
   def __init__(self, device: str):
     super().__init__(device)

@@ -35,6 +35,7 @@ from plugrad.backend import (
   AxisType,
   Dims3,
   DType,
+  GroupOp,
   Ops,
   Renderer,
   RendererError,
@@ -87,6 +88,7 @@ class PythonRenderer(Renderer):
   vector_width = 4  # exercises the expander's vector lanes in the interpreter
   has_local = has_shared = True
   nan_max = True  # numpy's maximum: nan wins
+  native_math = GroupOp.Transcendental  # numpy's
 
   def __init__(self, device: str, emulate: str | None = None):
     super().__init__(device)

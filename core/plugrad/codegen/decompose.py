@@ -5,6 +5,10 @@ linearizing, so the LINEAR a renderer sees holds only the operations its device 
 by a capability flag of the `Renderer` (the defaults describe the least capable device, so a new backend is correct
 before it claims anything); `renderer.extra_matcher` runs after them for a backend's own rewrites.
 
+* a LOAD/STORE through a vector of addresses (always) → one scalar INDEX/LOAD/STORE per lane, the values joined by
+  VECTORIZE and taken apart by GEP: a renderer sees only scalar pointers and contiguous vector accesses.
+* EXP2, LOG2, SIN (unless `renderer.math_is_native(op, dtype)`) → float32 polynomials and exponent bits (16-bit floats
+  through float32; float64 is never rewritten: a device with float64 must have its transcendentals).
 * THREEFRY (always) → its 20 rounds of uint32 `+ ^ | << >>` (`threefry2x32` in uop/ops.py, the one definition).
 * integer IDIV/MOD (unless `safe_int_div`) → a divisor of 0 (and -1 where the dividend may be the minimum) is replaced
   by 1 and the result chosen after: x / 0 = x % 0 = 0, INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0. Only where the
@@ -21,6 +25,8 @@ before it claims anything); `renderer.extra_matcher` runs after them for a backe
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Callable
 
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
 from plugrad.renderer.base import Renderer
@@ -141,7 +147,7 @@ def _bf16_source(x: UOp) -> UOp | None:
   return _f32_to_bits(s).bitcast(x.dtype) if s.dtype.itemsize != x.dtype.itemsize else None
 
 
-_BF16_RULES = [
+_BF16_RULES: list[tuple[UPat, Callable[..., UOp | None]]] = [
   (UPat((Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_REG), name="x"), _bf16_define),
   (UPat((Ops.INDEX, Ops.CAST, Ops.GEP, Ops.VECTORIZE), name="x"), lambda x: _bf16_pointer(x) if isinstance(x.dtype, PtrDType) else None),
   (UPat(Ops.LOAD, name="x"), _bf16_load),
@@ -152,6 +158,130 @@ _BF16_RULES = [
   (UPat(GroupOp.ALU | {Ops.CONST, Ops.VCONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP}, name="x"),
    lambda x: None if isinstance(x.dtype, PtrDType) else _bf16_value(x)),
 ]
+
+# ---- transcendentals the device lacks: polynomials and exponent bits, in float32
+
+_ROUND = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds a float32 of magnitude < 2^22 to an integer (ties to even)
+_ROUND_BITS = 0x4B400000  # the bits of _ROUND: those of `v + _ROUND` are these plus the integer v
+_LN2 = math.log(2)
+_EXP2_TAYLOR = tuple(_LN2 ** k / math.factorial(k) for k in range(8))
+_CLAMP = 160.0  # beyond +-150 exp2 is inf or 0 already; both halves of 2^n stay normal floats
+_ATANH = tuple(2 / (2 * k + 1) for k in range(5))  # ln((1+s)/(1-s)) = 2s + 2s^3/3 + ...
+_SIN = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(1, 5))
+_COS = tuple((-1) ** k / math.factorial(2 * k) for k in range(6))
+# pi/2 as a sum of float32 numbers of 13 significant bits each (from its first 90 bits): n times one of them is exact
+# for |n| < 2^11, so x - n*pi/2 loses nothing to the reduction over the range below
+PIO2_PARTS = (1.57080078125, -4.454515874385834e-06, 6.076561476220377e-11, 5.390653201597928e-15, -3.5035400280806e-19,
+              1.0562708681390029e-23)
+SIN_RANGE = 2.0 ** 22  # |x| (float32) within which SIN is reduced exactly; outside it (and at +-inf, nan) SIN gives nan
+
+
+def _ivec(x: UOp, dt: DType) -> DType: return dt.vec(x.dtype.count) if x.dtype.count > 1 else dt
+def _rnd(v: UOp) -> UOp: return (v + _ROUND) - _ROUND
+def _horner(x: UOp, coeffs: tuple[float, ...]) -> UOp:
+  p = x.const_like(coeffs[-1])
+  for c in reversed(coeffs[:-1]): p = UOp(Ops.MULACC, x.dtype, (p, x, x.const_like(c)))
+  return p
+
+
+def _exp2_f32(x: UOp) -> UOp:
+  """2^n * 2^f with n = round(x), f in [-1/2, 1/2]: 2^f by its Taylor series to degree 7 (within 1 ulp over [-150, 128]
+  with fused multiply-adds), 2^n from exponent bits in two halves, so subnormal results and overflow to inf come out of
+  the multiplications. No float -> int conversion: the integer is read from the bits of n + _ROUND."""
+  isnan = x.ne(x)
+  xc = isnan.where(x.const_like(0.0), x)
+  xc = (xc < -_CLAMP).where(x.const_like(-_CLAMP), xc)
+  xc = (xc.const_like(_CLAMP) < xc).where(x.const_like(_CLAMP), xc)
+  n = _rnd(xc)
+  p = _horner(xc - n, _EXP2_TAYLOR)
+  n1 = _rnd(n * 0.5)
+  i32 = _ivec(x, dtypes.int32)
+  def pow2(e: UOp) -> UOp: return (((e + _ROUND).bitcast(i32) + (127 - _ROUND_BITS)) * (1 << 23)).bitcast(x.dtype)
+  return isnan.where(x, p * pow2(n1) * pow2(n - n1))
+
+
+def _log2_f32(x: UOp) -> UOp:
+  """e + log2(m) with x = m * 2^e, m in [sqrt(1/2), sqrt(2)); log(m) = 2 atanh(s), s = (m-1)/(m+1) in [-0.172, 0.172],
+  to s^9 (within 4 ulp). Subnormal x is scaled by 2^24 first; 0 -> -inf, inf -> inf, x < 0 and nan -> nan."""
+  u32, i32 = _ivec(x, dtypes.uint32), _ivec(x, dtypes.int32)
+  tiny = x < 2.0 ** -126
+  # bits minus those of sqrt(1/2): the exponent (arithmetic shift) is e of the centred mantissa, the low bits its fraction
+  b = tiny.where(x * 2.0 ** 24, x).bitcast(u32) + (-0x3F3504F3 & 0xFFFFFFFF)
+  e = (b.bitcast(i32) >> 23) + tiny.where(UOp.const(i32, -24), UOp.const(i32, 0))
+  f = ((b & 0x7FFFFF) + 0x3F3504F3).bitcast(x.dtype) - 1.0
+  s = f / (f + 2.0)
+  ef = (e + _ROUND_BITS).bitcast(x.dtype) - _ROUND
+  r = UOp(Ops.MULACC, x.dtype, (s * _horner(s * s, _ATANH), x.const_like(1 / _LN2), ef))
+  r = x.eq(0.0).where(x.const_like(-math.inf), x.eq(math.inf).where(x, r))
+  return ((x < 0.0) | x.ne(x)).where(x.const_like(math.nan), r)
+
+
+def _sin_f32(x: UOp) -> UOp:
+  """sin(r) or cos(r) by Taylor series (to r^9 and r^10) of r = x - n*pi/2 in [-pi/4, pi/4], chosen and signed by n mod 4
+  (within 5 ulp or 1e-7 absolute for |x| < SIN_RANGE)."""
+  ok = (x < SIN_RANGE) & (x.const_like(-SIN_RANGE) < x)
+  xc = ok.where(x, x.const_like(0.0))
+  n = _rnd(xc * (2 / math.pi))
+  nh = _rnd(n * 2.0 ** -11) * 2.0 ** 11
+  nl = n - nh
+  r = xc
+  for c in PIO2_PARTS: r = (r - nh * c) - nl * c
+  r2 = r * r
+  sin = UOp(Ops.MULACC, x.dtype, (r * r2, _horner(r2, _SIN), r))
+  cos = _horner(r2, _COS)
+  q = (n + _ROUND).bitcast(_ivec(x, dtypes.int32))
+  v = (q & 1).ne(0).where(cos, sin)
+  return ok.where((q & 2).ne(0).where(-v, v), x.const_like(math.nan))
+
+
+_POLYNOMIAL = {Ops.EXP2: _exp2_f32, Ops.LOG2: _log2_f32, Ops.SIN: _sin_f32}
+
+
+def _needs_polynomial(renderer: Renderer, x: UOp) -> bool:
+  return x.op in GroupOp.Transcendental and x.dtype.scalar() is not dtypes.float64 and not renderer.math_is_native(x.op, x.dtype)
+
+
+def _transcendental(ctx: Renderer, x: UOp) -> UOp | None:
+  if not _needs_polynomial(ctx, x): return None
+  if x.dtype.scalar() is _F32: return _POLYNOMIAL[x.op](x.src[0])
+  return _POLYNOMIAL[x.op](x.src[0].cast(_retype(x.dtype, _F32))).cast(x.dtype)  # 16-bit floats: in float32
+
+
+_MATH_PM = PatternMatcher([(UPat(GroupOp.Transcendental, name="x"), _transcendental)])
+
+# ---- vectors of addresses: one scalar access per lane
+
+def _lanes(p: UOp) -> list[UOp]:
+  """The addresses of pointer value `p`, one pointer per lane (a lane may point at a contiguous vector)."""
+  if p.op is Ops.VECTORIZE: return [ln for s in p.src for ln in _lanes(s)]
+  if p.op is Ops.GEP: return [(src := _lanes(p.src[0]))[j] for j in p.arg]
+  if p.op is Ops.CAST and len(src := _lanes(p.src[0])) > 1: return src
+  if p.op is Ops.INDEX and (n := p.src[1].dtype.count) > 1:
+    return [p.replace(src=(p.src[0], *(s.gep(j) for s in p.src[1:3]))) for j in range(n)]
+  return [p]
+
+
+def _split_load(x: UOp) -> UOp | None:
+  if (lanes := _lanes(x.src[0])) == [x.src[0]]: return None
+  per = x.dtype.count // len(lanes)
+  alt = x.src[1] if len(x.src) > 1 and x.src[1].dtype is not dtypes.void else None
+  rest = x.src[2:] if alt is not None else x.src[1:]
+  def part(j: int) -> UOp: return alt.gep(tuple(range(j * per, (j + 1) * per))) if alt is not None else None  # type: ignore[return-value]
+  loads = [UOp(Ops.LOAD, x.dtype.scalar().vec(per), (ln, *((part(j),) if alt is not None else ()), *rest)) for j, ln in enumerate(lanes)]
+  return UOp(Ops.VECTORIZE, x.dtype, tuple(ld.gep(k) for ld in loads for k in range(per)))
+
+
+def _split_store(x: UOp) -> UOp | None:
+  if (lanes := _lanes(x.src[0])) == [x.src[0]]: return None
+  per = x.src[1].dtype.count // len(lanes)
+  return UOp(Ops.GROUP, dtypes.void, tuple(ln.store(x.src[1].gep(tuple(range(j * per, (j + 1) * per))), *x.src[2:]) for j, ln in enumerate(lanes)))
+
+
+def _is_address_vector(u: UOp) -> bool:
+  return (u.op in (Ops.VECTORIZE, Ops.GEP) and isinstance(u.dtype, PtrDType)) or (u.op is Ops.INDEX and u.src[1].dtype.count > 1)
+
+
+_SPLIT_PM = PatternMatcher([(UPat(Ops.LOAD, name="x"), _split_load), (UPat(Ops.STORE, name="x"), _split_store)])
 
 _THREEFRY = [(UPat(Ops.THREEFRY, name="x"), _threefry)]
 _INT_DIV = [(UPat((Ops.IDIV, Ops.MOD), name="x"), _int_div)]
@@ -174,6 +304,8 @@ def decompositions(renderer: Renderer) -> PatternMatcher:
 
 def decompose(sink: UOp, renderer: Renderer) -> UOp:
   """`sink` with the shared decompositions for `renderer` applied, then the renderer's `extra_matcher`."""
+  if any(_is_address_vector(u) for u in sink.toposort): sink = graph_rewrite(sink, _SPLIT_PM, name="address lanes")
+  if any(_needs_polynomial(renderer, u) for u in sink.toposort): sink = graph_rewrite(sink, _MATH_PM, ctx=renderer, name="transcendentals")
   # ctx: the guarded ops already written, so the guard around one is not matched again
   sink = graph_rewrite(sink, decompositions(renderer), ctx=set(), name="decompose")
   # after the guards (a bfloat16 MAX may have become selects); the emulation's own shifts are by constants in range
@@ -187,10 +319,17 @@ def decompose_linear(uops: list[UOp], renderer: Renderer) -> list[UOp]:
   of each rewrite are placed right before their first user."""
   new = decompose(UOp(Ops.SINK, dtypes.void, tuple(uops)), renderer)
   out: dict[UOp, None] = {}
-  for root in new.src:
+  # a vector of addresses whose accesses were split is left unused: it is not placed
+  for root in (r for r in new.src if not _is_address_vector(r)):
     stack = [root]
     while stack:
       if (x := stack[-1]) in out: stack.pop()
       elif missing := [s for s in x.src if s not in out]: stack.extend(reversed(missing))
       else: out[stack.pop()] = None
-  return list(out)
+  if not any(u.op is Ops.GROUP for u in out): return list(out)
+  # a GROUP only holds effects together (as in linearize): its effects take its place, and a user orders after them all
+  done: dict[UOp, UOp] = {}
+  for u in out:
+    src = tuple(t for s in u.src for t in (done[s].src if s.op is Ops.GROUP else (done[s],)))
+    done[u] = u if src == u.src else u.replace(src=src)
+  return [done[u] for u in out if u.op is not Ops.GROUP]

@@ -92,11 +92,11 @@ def _dependents(root: UOp, keys: set[UOp]) -> list[UOp]:
 
 
 def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
-  """UNROLL ranges of reductions → UNROLL values. Without UPCAST ranges in the kernel, an UNROLL range along which a
-  load is contiguous (size a multiple of `vector_width`) becomes vector lanes: a vector accumulator, folded lane by
-  lane after the loop (the horizontal reduction)."""
+  """UNROLL ranges of reductions → UNROLL values. In a reduction that no UPCAST range reaches, an UNROLL range along
+  which a load is contiguous (size a multiple of `vector_width`) becomes vector lanes: a vector accumulator, folded
+  lane by lane after the loop (the horizontal reduction)."""
   done: dict[UOp, UOp] = {}
-  allow_vec = vector_width > 1 and not any(u.op is Ops.RANGE and u.arg[1] is AxisType.UPCAST for u in ast.toposort)
+  upcast = {u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] is AxisType.UPCAST}
   marker_id = 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=0)
   for u in ast.toposort:
     new_src = tuple(done[s] for s in u.src)
@@ -105,8 +105,11 @@ def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
       rest = tuple(r for r in new_src[1:] if r not in unr)
       val = new_src[0]
       loads = [x.src[0].src[1] for x in val.toposort if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX]
-      vax = next((r for r in reversed(unr) if allow_vec and u.dtype.count == 1 and _size(r) % vector_width == 0 and
-                  not any(x.op in (Ops.WMMA, Ops.REDUCE) for x in val.toposort) and any(_contiguous(ix, r) is not None for ix in loads)), None)
+      # lanes for a reduction the store loop's UPCAST ranges do not reach (a row statistic: its value is broadcast to
+      # the store's lanes), and that holds no reduction varying along the lanes
+      allow_vec = vector_width > 1 and u.dtype.count == 1 and not upcast & set(u.toposort)
+      vax = next((r for r in reversed(unr) if allow_vec and _size(r) % vector_width == 0 and any(_contiguous(ix, r) is not None for ix in loads)
+                  and not any(x.op in (Ops.WMMA, Ops.REDUCE) for x in _dependents(val, {r}))), None)
       copier = _Copier(val, unr)
       if vax is None:
         copies = [copier.copy(c)[0] for c in _combos(unr)]

@@ -124,7 +124,9 @@ def lower_group_reduces(ast: UOp) -> UOp:
 
 def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
   """REDUCE(value, *ranges) → an accumulator: `acc = identity` before the loops, `acc = acc op value` inside them,
-  and a read of `acc` after the loops end. Extra sources on the STORE/LOAD pin where the linearizer places them.
+  and a read of `acc` after the loops end. Extra sources on the STORE/LOAD pin where the linearizer places them: in
+  the innermost loop among those the value depends on (a reduction that does not vary along an enclosing loop is
+  hoisted out of it).
 
   Reductions over the same ranges (the copies the expander made of one reduction) share one loop. A value that is an
   UNROLL of n values (an unrolled reduce axis) folds them in order into the accumulator; with `mulacc`, a float ADD of
@@ -132,14 +134,6 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
   topo = ast.toposort
   reduces = [u for u in topo if u.op is Ops.REDUCE]
   if not reduces: return ast
-  # the loops around each node: the accumulator is reset once per iteration of all of them, even those its value
-  # does not depend on (it is one register, not an array over the loops it could be hoisted out of)
-  around: dict[UOp, frozenset[UOp]] = {ast: frozenset()}
-  for u in reversed(topo):
-    inside = around.get(u, frozenset()) | (frozenset(u.src[1:]) if u.op in (Ops.END, Ops.REDUCE) else frozenset())
-    for i, s in enumerate(u.src):
-      if u.op is Ops.LOAD and i and s.dtype is dtypes.void: continue  # an ordering source (a barrier) is not inside the loop
-      around[s] = around.get(s, frozenset()) | (inside if i == 0 else around.get(u, frozenset()))
   ids = itertools.count()
   sub: dict[UOp, UOp] = {}
   groups: dict[tuple[UOp, ...], list[tuple[UOp, UOp]]] = {}  # own ranges -> (reduce, its update)
@@ -162,7 +156,9 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
       continue
     vtopo = value.toposort
     closed = {r for e in vtopo if e.op is Ops.END for r in e.src[1:]}  # loops of inner reductions, already lowered
-    context = tuple(sorted(around[red] | {r for r in vtopo if r.op is Ops.RANGE and r not in own and r not in closed}, key=lambda r: r.arg[0]))
+    # the accumulator is placed by the loops its value depends on, not by the loops around its use: a row statistic
+    # fused into the kernel that broadcasts it (softmax's max and sum) runs once per row, not once per output element
+    context = tuple(sorted({r for r in vtopo if r.op is Ops.RANGE and r not in own and r not in closed}, key=lambda r: r.arg[0]))
     acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1, AddrSpace.REG), (), next(ids))
     idx = UOp(Ops.INDEX, acc.dtype, (acc, UOp.const(dtypes.index, 0)))
     init = UOp(Ops.STORE, dtypes.void, (idx, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *context))

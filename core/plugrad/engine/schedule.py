@@ -155,7 +155,8 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
     if u.op is Ops.AFTER:
       if not _is_buffer_form(u.src[0]): raise ScheduleError(f"a kernel writes a {u.src[0].op.name}, not a realized buffer")
       realize[u] = None
-  if RECOMPUTE_MAX: realize.update(dict.fromkeys(_broadcast_operands(topo, realize)))
+  fuse_rows = _fuse_rows(sink)
+  if RECOMPUTE_MAX: realize.update(dict.fromkeys(_broadcast_operands(topo, realize, fuse_rows)))
   children: dict[UOp, list[UOp]] = {}
   for u in topo:
     for s in u.src: children.setdefault(s, []).append(u)
@@ -167,27 +168,75 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
       if (v := _value_node(root)) is None: continue
       # `top`: under a broadcast, the highest node whose value is the reduction below it passed through elementwise
       # ops and reshapes only. Realizing it (not the bare reduction) ends the epilogue (bias, ReLU) in the reduction's
-      # kernel, so the broadcasting consumer (the next matmul) reads a plain buffer instead of recomputing it per use
-      seen: set[tuple[UOp, bool, UOp | None]] = set()
-      stack: list[tuple[UOp, bool, UOp | None]] = [(v, False, None)]
+      # kernel, so the broadcasting consumer (the next matmul) reads a plain buffer instead of recomputing it per use.
+      # `row`: u's axes are loops nested in axis order (the kernel's output loops, then a trailing reduction's loops),
+      # so a row statistic broadcast over its trailing axes (_row_stat) is computed once per row in this kernel
+      seen: set[tuple[UOp, bool, UOp | None, bool]] = set()
+      stack: list[tuple[UOp, bool, UOp | None, bool]] = [(v, False, None, fuse_rows)]
       while stack:
-        u, spread, top = stack.pop()
-        if (u, spread, top) in seen or _is_buffer_form(u) or (u in realize and u is not root and u is not v): continue
-        seen.add((u, spread, top))
+        u, spread, top, row = stack.pop()
+        if (u, spread, top, row) in seen or _is_buffer_form(u) or (u in realize and u is not root and u is not v): continue
+        seen.add((u, spread, top, row))
         if u.op is Ops.REDUCE_AXIS:
           if spread:
             grow.append(top if top is not None and _epilogue_owns(top, u, children, pos) else _owned_top(u, children, realize))
             continue
           users.setdefault(u, set()).add(root)
-          stack.append((u.src[0], True, None))
+          stack.append((u.src[0], True, None, row and _trailing(_shape(u.src[0]), u.arg[1])))
           continue
+        if row and u.op is Ops.EXPAND and _row_stat(u):
+          stack.append((u.src[0], False, None, True))
+          continue
+        row = row and u.op in _EPILOGUE | {Ops.DETACH}
         if not spread or u is v or (u.op not in _EPILOGUE and u.op is not Ops.RESHAPE): top = None
         elif top is None and u.op in _EPILOGUE: top = u
-        # a gathered table is read at data-dependent rows, many times over: like a broadcast
-        for i, s in enumerate(u.src): stack.append((s, spread or u.op is Ops.EXPAND or (u.op is Ops.GATHER and i == 0), top))
+        # a gathered table is read at data-dependent rows, many times over: like a broadcast. So is a padded value: the
+        # pad's gate selects the result, the reduction's loop still runs for every padded element (chunk(3)'s backward
+        # adds three padded attention gradients: fused, each reduction ran over all 2304 columns, 3x the work)
+        for i, s in enumerate(u.src):
+          stack.append((s, spread or u.op in (Ops.EXPAND, Ops.PAD) or (u.op is Ops.GATHER and i == 0), top, row))
     grow += [_owned_top(r, children, realize) for r, roots in users.items() if len(roots) > 1]
     if not (new := [g for g in grow if g not in realize]): return realize
     for g in new: realize[g] = None
+
+
+ROW_FUSE = ContextVar("ROW_FUSE", 1)  # row statistics fused into their consumer: 0 never, 1 on devices without workgroups, 2 always
+
+
+def _fuse_rows(sink: UOp) -> bool:
+  """Whether this graph's kernels compute row statistics (softmax's max and sum, layernorm's mean and variance) inside the
+  kernel that broadcasts them. A CPU thread loops over whole rows, so a row is read from memory once and its later
+  passes hit the cache; a GPU thread per output element would recompute its row's statistics (ROW_FUSE=2 forces it)."""
+  if ROW_FUSE.value != 1: return ROW_FUSE.value >= 2
+  devs = {d for t in sink.src if isinstance(d := t.tensor_device, str)}
+  from plugrad.device.registry import Device
+  try: return bool(devs) and not any(Device[d].renderer.has_local for d in devs)
+  except Exception: return False  # a device that cannot load here: its kernels keep the statistics apart
+
+
+def _trailing(shape: tuple[sint, ...], axes: tuple[int, ...]) -> bool:
+  """Whether `axes` are the last axes of `shape` that are not 1 (their loops are the innermost ones)."""
+  return bool(axes) and all(a in axes or shape[a] == 1 for a in range(min(axes), len(shape)))
+
+
+def _row_stat(e: UOp) -> bool:
+  """Whether EXPAND `e` broadcasts a row statistic back over the rows it reduced: below it, elementwise ops over
+  constants and reductions of a source shaped like `e` over exactly the expanded axes, which are `e`'s trailing ones.
+  Its value depends on the leading axes only, which a kernel over `e`'s shape loops over outside the broadcast ones."""
+  shape, sshape = _shape(e), _shape(e.src[0])
+  axes = tuple(a for a, (s, d) in enumerate(zip(sshape, shape)) if s != d)
+  if not _trailing(shape, axes): return False
+  found, stack, seen = False, [e.src[0]], set()
+  while stack:
+    if (u := stack.pop()) in seen: continue
+    seen.add(u)
+    if u.op is Ops.REDUCE_AXIS:
+      if set(u.arg[1]) != set(axes) or _shape(u.src[0]) != shape: return False
+      found = True
+    elif u.op in _EPILOGUE or u.op is Ops.DETACH: stack.extend(u.src)
+    elif not (u.op in (Ops.CONST, Ops.EXPAND, Ops.RESHAPE) and all(x.op in (Ops.CONST, Ops.EXPAND, Ops.RESHAPE, Ops.DEVICE) for x in u.toposort)):
+      return False
+  return found
 
 
 # broadcast factor up to which a reduction recomputes its elementwise operand in place (about one vector's lanes: a
@@ -217,10 +266,12 @@ def _alu_count(u: UOp, realize: dict[UOp, None], limit: int) -> int:
   return n
 
 
-def _broadcast_operands(topo: dict[UOp, None], realize: dict[UOp, None]) -> list[UOp]:
+def _broadcast_operands(topo: dict[UOp, None], realize: dict[UOp, None], fuse_rows: bool) -> list[UOp]:
   """Elementwise work under an EXPAND inside a reduction's source, broadcast more than RECOMPUTE_MAX times: fused, the
   reduction would compute it once per element of the broadcast (a projection fed by layernorm or GELU, issue 20: the
-  normalization redone for every output column tile), so it gets its own kernel and the reduction reads a buffer."""
+  normalization redone for every output column tile), so it gets its own kernel and the reduction reads a buffer.
+  Not a row statistic's epilogue when rows fuse (layernorm's backward: 1/sqrt(var + eps) in a row sum): it runs once per
+  row where the row loop hoists it, and where it cannot, _find_realized realizes it with its reduction."""
   out: dict[UOp, None] = {}
   seen: set[UOp] = set()
   for r in topo:
@@ -229,6 +280,7 @@ def _broadcast_operands(topo: dict[UOp, None], realize: dict[UOp, None]) -> list
     while stack:
       if (u := stack.pop()) in seen or _is_buffer_form(u) or u in realize or u.op is Ops.REDUCE_AXIS: continue
       seen.add(u)
+      if fuse_rows and u.op is Ops.EXPAND and _row_stat(u): continue
       if u.op is Ops.EXPAND and (base := u.src[0]).shape is not None and all(isinstance(d, int) for d in (*_shape(u), *base.shape)):
         while base.op in (Ops.RESHAPE, Ops.PERMUTE) and not _is_buffer_form(base): base = base.src[0]
         if prod(_shape(u)) > RECOMPUTE_MAX.value * prod(_shape(u.src[0])) and base.op in GroupOp.ALU and _alu_count(base, realize, 2) >= 2:
@@ -419,7 +471,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   if not SCHEDULE_CACHE: return _create_schedule(sink)
   topo = list(sink.toposort)
   leaves = [u for u in topo if u.op is Ops.BUFFER]
-  key = (sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)}), bool(SPLIT_REDUCE), RECOMPUTE_MAX.value)
+  key = (sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)}), bool(SPLIT_REDUCE), RECOMPUTE_MAX.value, ROW_FUSE.value)
   if (hit := _cache.get(key)) is None:
     items, becomes = _create_schedule(sink)
     _cache[key] = hit = _template(items, becomes, topo, leaves)
@@ -430,7 +482,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
 SCHEDULE_CACHE_SIZE = 512  # graph forms kept (oldest dropped first)
-_cache: OrderedDict[tuple[UOp, bool, int], _Template] = OrderedDict()  # (graph form, SPLIT_REDUCE, RECOMPUTE_MAX)
+_cache: OrderedDict[tuple[UOp, bool, int, int], _Template] = OrderedDict()  # (graph form, SPLIT_REDUCE, RECOMPUTE_MAX, ROW_FUSE)
 
 
 def _stand_in(buf: UOp, i: int) -> UOp:

@@ -48,6 +48,10 @@ class Renderer(abc.ABC):
   safe_shifts: bool = False
   nan_max: bool = False
   native_bfloat16: bool = False
+  # The transcendentals (EXP2, LOG2, SIN) the device computes itself to float32 accuracy; the codegen writes the others
+  # out as polynomials (float16/bfloat16 through float32; float64 is never rewritten: a device with float64 computes
+  # its transcendentals). Empty: the least capable device. `math_is_native` may answer per dtype instead.
+  native_math: frozenset[Ops] = frozenset()
   extra_matcher: PatternMatcher | None = None  # the backend's own rewrites of the kernel graph, after the shared passes
 
   def __init__(self, device: str):
@@ -62,6 +66,11 @@ class Renderer(abc.ABC):
     The default reads the dtype capabilities; a backend overrides it to give the real reason."""
     cap = _DTYPE_CAPABILITY.get(dt.scalar())
     return None if cap is None or cap in self.capabilities else f"its renderer does not declare the {cap!r} capability"
+
+  def math_is_native(self, op: Ops, dtype: DType) -> bool:
+    """Whether transcendental `op` on values of `dtype` (scalar or vector) is left to the device. Override it when the
+    answer depends on the dtype (e.g. a compiler that turns a vector exp2 into one library call per lane)."""
+    return op in self.native_math
 
   @abc.abstractmethod
   def render(self, program: UOp) -> str:

@@ -46,19 +46,14 @@ def c_identifier(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Lane:
-  """One address of a pointer value: the buffer's name, the element index (None: element 0) and the gate (None: always)."""
+class Ptr:
+  """A pointer value (one address: the codegen splits vectors of addresses into lanes): the buffer's name, the element
+  index (None: element 0), the gate (None: always) and the scalar dtype of the memory it points into."""
   base: str
   idx: str | None
   gate: str | None
-  var: bool = False  # `base` is a plain variable (a DEFINE_REG kept in registers), not an array
-
-
-@dataclass(frozen=True)
-class Ptr:
-  """A pointer value of the program: its lanes and the scalar element dtype of the memory it points into."""
-  lanes: tuple[Lane, ...]
   elem: DType
+  var: bool = False  # `base` is a plain variable (a DEFINE_REG kept in registers), not an array
 
 
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
@@ -91,6 +86,7 @@ class CStyleRenderer(Renderer):
   # wrapping ints (-fwrapv) a C compiler may not fold `c` into the address after sign extension, and keeps a pointer
   # per address instead (a 8x32 matmul tile spilled 32 of them, one extra load per FMA pair)
   offset_addressing = False
+  native_math = GroupOp.Transcendental  # the math library's exp2, log2, sin
   type_map: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
                                 dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
                                 dtypes.uint64: "unsigned long long", dtypes.float16: "half", dtypes.bfloat16: "__bf16", dtypes.float32: "float",
@@ -249,7 +245,7 @@ class CStyleRenderer(Renderer):
     params: list[str] = []
     for g in sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg):
       elem = g.dtype.base.scalar()
-      self.ptrs[g] = Ptr((Lane(n := self.unique(f"data{g.arg}"), None, None),), elem)
+      self.ptrs[g] = Ptr(n := self.unique(f"data{g.arg}"), None, None, elem)
       params.append(self.render_buffer_param(n, self.storage_dtype(elem), g.arg, g in self._written))
     for v in sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0]):
       self.r[v] = self.unique(c_identifier(v.arg[0]))
@@ -310,7 +306,7 @@ class CStyleRenderer(Renderer):
     elif op is Ops.VCONST: self._define(i, u, self.render_vectorize(self.cdt(u.dtype), [self.render_const(v, u.dtype.scalar()) for v in u.arg]))
     elif op is Ops.SPECIAL: r[u] = self.render_special(u, r[u.src[0]])
     elif op is Ops.DEFINE_LOCAL:
-      self.ptrs[u] = Ptr((Lane(n := self.unique(c_identifier(u.arg)), None, None),), u.dtype.base.scalar())
+      self.ptrs[u] = Ptr(n := self.unique(c_identifier(u.arg)), None, None, u.dtype.base.scalar())
       self.line(self.render_local(n, self.storage_dtype(u.dtype.base.scalar()), _size(u.dtype) * u.dtype.base.count))
     elif op is Ops.DEFINE_REG: self._define_reg(u)
     elif op is Ops.RANGE:
@@ -437,7 +433,7 @@ class CStyleRenderer(Renderer):
   def _define_reg(self, u: UOp) -> None:
     base = u.dtype.base
     name = self.unique(f"acc{u.arg}")
-    self.ptrs[u] = Ptr((Lane(name, None, None, var=u in self._regs_as_vars),), base.scalar())
+    self.ptrs[u] = Ptr(name, None, None, base.scalar(), var=u in self._regs_as_vars)
     if u in self._regs_as_vars:
       names = [name] if _size(u.dtype) == 1 else [f"{name}_{k}" for k in range(_size(u.dtype))]
       self._names.update(names)
@@ -446,77 +442,46 @@ class CStyleRenderer(Renderer):
 
   def _pointer(self, u: UOp) -> None:
     src = self.ptrs[u.src[0]]
-    if u.op is Ops.INDEX:
-      (lane,) = src.lanes if len(src.lanes) == 1 else (None,)
-      if lane is None: raise RendererError("INDEX into a vector of pointers")
-      idx, gate = u.src[1], u.src[2] if len(u.src) == 3 else None
-      per = u.src[0].dtype.base.count
-      lanes = []
-      for j in range(idx.dtype.count):
-        ix = self.gep(self.r[idx], idx.dtype, j)
-        if per != 1: ix = f"({ix}*{per})"
-        g = None if gate is None else self.gep(self.r[gate], gate.dtype, j)
-        if lane.var:
-          lanes.append(Lane(lane.base if _size(u.src[0].dtype) == 1 else f"{lane.base}_{idx.arg}", None, g, var=True))
-          continue
-        g = g if lane.gate is None else lane.gate if g is None else f"({lane.gate}&&{g})"
-        if self.offset_addressing and idx.dtype.count == 1 and per == 1 and lane.idx is None and idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
-          lanes.append(Lane(f"({lane.base}+{self.r[idx.src[0]]})", self.r[idx.src[1]], g))
-          continue
-        lanes.append(Lane(lane.base, ix if lane.idx is None else f"({lane.idx}+{ix})", g))
-      self.ptrs[u] = Ptr(tuple(lanes), src.elem)
-    elif u.op is Ops.CAST: self.ptrs[u] = src
-    elif u.op is Ops.VECTORIZE: self.ptrs[u] = Ptr(tuple(ln for s in u.src for ln in self.ptrs[s].lanes), src.elem)
-    elif u.op is Ops.GEP: self.ptrs[u] = Ptr(tuple(src.lanes[j] for j in u.arg), src.elem)
-    else: raise RendererError(f"{type(self).__name__} cannot render {u.op.name} of a pointer")
+    if u.op is Ops.CAST: self.ptrs[u] = src
+    elif u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
+      raise RendererError(f"{type(self).__name__} cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
+    else:
+      idx, gate = u.src[1], (self.r[u.src[2]] if len(u.src) == 3 else None)
+      if src.var: self.ptrs[u] = Ptr(src.base if _size(u.src[0].dtype) == 1 else f"{src.base}_{idx.arg}", None, gate, src.elem, var=True)
+      else:
+        g = gate if src.gate is None else src.gate if gate is None else f"({src.gate}&&{gate})"
+        if self.offset_addressing and u.src[0].dtype.base.count == 1 and src.idx is None and idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
+          self.ptrs[u] = Ptr(f"({src.base}+{self.r[idx.src[0]]})", self.r[idx.src[1]], g, src.elem)
+        else:
+          ix = self.r[idx] if (per := u.src[0].dtype.base.count) == 1 else f"({self.r[idx]}*{per})"
+          self.ptrs[u] = Ptr(src.base, ix if src.idx is None else f"({src.idx}+{ix})", g, src.elem)
 
-  def _elem(self, ln: Lane, off: int = 0) -> str:
-    if ln.var: return ln.base
-    ix = ln.idx if off == 0 else f"{ln.idx}+{off}" if ln.idx is not None else str(off)
-    return f"{ln.base}[{ix if ix is not None else 0}]"
+  def _address(self, p: Ptr, dt: DType, const: str = "") -> str:
+    """The memory at `p` as a value of `dt` (a vector: the contiguous elements from there)."""
+    if p.var: return p.base
+    if dt.count == 1: return f"{p.base}[{p.idx if p.idx is not None else 0}]"
+    return f"*(({const}{self.tname(self.mdt(dt))}*)({p.base}+{p.idx if p.idx is not None else 0}))"
 
   def _load(self, i: int, u: UOp) -> None:
     p, dt = self.ptrs[u.src[0]], u.dtype
-    if len(p.lanes) == 1 and p.lanes[0].var and dt.count > 1:  # a vector register kept as one variable
-      self._define(i, u, p.lanes[0].base)
-      return
     alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
-    elem = p.elem
-    def one(ln: Lane, off: int, j: int) -> str:
-      v = self._elem(ln, off) if ln.var else self.convert(self._elem(ln, off), elem, False)
-      if ln.gate is None: return v
-      return f"({ln.gate}?{v}:{self.gep(self.r[alt], dt, j) if alt is not None else self.render_const(0, elem)})"
-    if len(p.lanes) == 1 and dt.count > 1 and not p.lanes[0].var:
-      ln = p.lanes[0]
-      v = self.convert(f"(*((const {self.tname(self.mdt(dt))}*)({ln.base}+{ln.idx if ln.idx is not None else 0})))", dt, False)
-      zero = self.r[alt] if alt is not None else self.render_vectorize(self.cdt(dt), [self.render_const(0, elem)] * dt.count)
-      self._define(i, u, v if ln.gate is None else f"({ln.gate}?{v}:{zero})")
-      return
-    per = dt.count // len(p.lanes)
-    parts = [one(p.lanes[j // per], j % per, j) for j in range(dt.count)]
-    self._define(i, u, parts[0] if dt.count == 1 else self.render_vectorize(self.cdt(dt), parts))
+    v = self._address(p, dt, "const ")
+    if not p.var: v = self.convert(v, p.elem, False) if dt.count == 1 else self.convert(f"({v})", dt, False)
+    if p.gate is not None and not (p.var and dt.count > 1):
+      zero = self.r[alt] if alt is not None else self.render_const(0, p.elem) if dt.count == 1 else \
+        self.render_vectorize(self.cdt(dt), [self.render_const(0, p.elem)] * dt.count)
+      v = f"({p.gate}?{v}:{zero})"
+    self._define(i, u, v)
 
   def _store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]
-    v, dt = self.r[val], val.dtype
-    if len(p.lanes) == 1 and dt.count > 1 and p.lanes[0].var:
-      self.line(f"{p.lanes[0].base} = {v};")
-      return
-    if len(p.lanes) == 1 and dt.count > 1 and not p.lanes[0].var:
-      ln = p.lanes[0]
-      st = f"*(({self.tname(self.mdt(dt))}*)({ln.base}+{ln.idx if ln.idx is not None else 0})) = {self.convert(v, dt, True)};"
-      self.line(st if ln.gate is None else f"if ({ln.gate}) {st}")
-      return
-    per = dt.count // len(p.lanes)
-    for j in range(dt.count):
-      ln = p.lanes[j // per]
-      x = self.gep(v, dt, j)
-      st = f"{self._elem(ln, j % per)} = {x if ln.var else self.convert(x, p.elem, True)};"
-      self.line(st if ln.gate is None else f"if ({ln.gate}) {st}")
+    v = self.r[val] if p.var else self.convert(self.r[val], val.dtype if val.dtype.count > 1 else p.elem, True)
+    st = f"{self._address(p, val.dtype)} = {v};"
+    self.line(st if p.gate is None or (p.var and val.dtype.count > 1) else f"if ({p.gate}) {st}")
 
 
 def _size(dt: DType) -> int: return dt.size if isinstance(dt, PtrDType) else 1
 
 
 
-__all__ = ["C_KEYWORDS", "SHORT_NAMES", "CStyleRenderer", "Lane", "Ptr", "c_identifier", "float32_repr"]
+__all__ = ["C_KEYWORDS", "SHORT_NAMES", "CStyleRenderer", "Ptr", "c_identifier", "float32_repr"]

@@ -87,3 +87,36 @@ def test_attention_masks_forward_backward(run_device, mode):
   m = None if mask is None else Tensor(mask, device=run_device)
   check(run_device, lambda a, b, c: a.scaled_dot_product_attention(b, c, m, is_causal=mode == "causal"),
         lambda a, b, c: np_sdpa(a, b, c, mask, mode == "causal"), q, k, v, atol=1e-5, rtol=1e-4, gtol=5e-3, grad=(0, 1, 2))
+
+
+@pytest.mark.parametrize("fuse", [0, 2], ids=["apart", "fused"])
+def test_row_statistics_fused_or_apart(run_device, fuse):
+  """softmax, log-softmax and layernorm with their row statistics in the kernel that broadcasts them (ROW_FUSE=2, the
+  CPU's default; a workgroup device keeps them apart unless told) and in kernels of their own: the same values and
+  gradients, with -inf entries, large offsets, a row width that is no multiple of a vector, and the softmax's backward
+  (its row sum of g*y is a row statistic too)."""
+  from plugrad.helpers import Context
+  x, odd = _rows(5, 48), rand(3, 37) * 3
+  x64 = x.astype(np.float64)
+  lsm = x64 - x64.max(-1, keepdims=True) - np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  def ln(a):
+    y = a - a.mean(-1, keepdims=True)
+    return y / np.sqrt((y * y).mean(-1, keepdims=True) + 1e-5)
+  with Context(ROW_FUSE=fuse):
+    np.testing.assert_allclose(Tensor(x, device=run_device).softmax(-1).numpy(), _np_softmax(x64, -1), rtol=2e-6, atol=1e-7)
+    got = Tensor(x, device=run_device).log_softmax(-1).numpy()
+    assert (np.isneginf(got) == ~np.isfinite(lsm)).all()
+    np.testing.assert_allclose(got[np.isfinite(lsm)], lsm[np.isfinite(lsm)], rtol=1e-5, atol=2e-5)
+    big = rand(4, 48) * 30 + 500
+    np.testing.assert_allclose(Tensor(big, device=run_device).layernorm().numpy(), ln(big.astype(np.float64)), rtol=1e-3, atol=2e-3)
+    check(run_device, lambda t: t.softmax(-1), lambda a: _np_softmax(a, -1), odd, atol=1e-6, gtol=5e-3)
+    check(run_device, lambda t: t.log_softmax(-1), lambda a: a - np.log(np.exp(a).sum(-1, keepdims=True)), odd, atol=1e-5, gtol=5e-3)
+    check(run_device, lambda t: t.layernorm(-1), ln, odd, atol=1e-4, gtol=5e-3)
+    check(run_device, lambda t: t.softmax(0), lambda a: _np_softmax(a, 0), odd, atol=1e-6, gtol=5e-3)  # columns: kept apart
+
+
+@pytest.mark.parametrize("mode", ["none", "bool_mask", "float_mask", "causal"])
+def test_attention_masks_row_fused(run_device, mode):
+  """scaled_dot_product_attention with the softmax's statistics fused into the probabilities' kernel on every device."""
+  from plugrad.helpers import Context
+  with Context(ROW_FUSE=2): test_attention_masks_forward_backward(run_device, mode)

@@ -58,6 +58,7 @@ class GroupOp:
   Binary = frozenset({Ops.ADD, Ops.MUL, Ops.SUB, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
                       Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.THREEFRY})
   Ternary = frozenset({Ops.WHERE, Ops.MULACC})
+  Transcendental = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN})  # a renderer's `native_math`; codegen/decompose.py writes out the rest
   ALU = Unary | Binary | Ternary
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})
   Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})

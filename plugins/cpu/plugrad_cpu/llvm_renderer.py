@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plugrad.backend import DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes, linear_parts
+from plugrad.backend import DType, GroupOp, Ops, PtrDType, RendererError, UOp, c_identifier, dtypes, linear_parts
 from plugrad_cpu.llvm_compiler import QUICK_MARK
-from plugrad_cpu.renderer import PARALLEL_MARK, cpu_order
-from plugrad_cpu.vmath import expand_exp2
+from plugrad_cpu.renderer import PARALLEL_MARK, CPUMath, cpu_order
 
 _F16 = dtypes.float16
 _CMP_F = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}
@@ -79,20 +78,16 @@ QUICK_WORK_MAX = 1 << 20
 
 
 @dataclass(frozen=True)
-class Lane:
-  """One address of a pointer value: the base pointer, the element index (an i64 operand; None: element 0) and the gate."""
+class Ptr:
+  """A pointer value (one address: the codegen splits vectors of addresses, codegen/decompose.py): the base pointer, the
+  element index (an i64 operand; None: element 0), the gate (None: always) and the scalar dtype of the memory."""
   base: str
   idx: str | None
   gate: str | None
+  elem: DType
 
 
-@dataclass(frozen=True)
-class Ptr:
-  lanes: tuple[Lane, ...]
-  elem: DType  # the scalar dtype of the memory
-
-
-class LLVMRenderer(Renderer):
+class LLVMRenderer(CPUMath):
   """LLVM IR for the host (see the module docstring). `cpu` / `features`: the `target-cpu` and `target-features` the
   kernel is marked with (default: the host's, from llvmlite); `vector_width`: float lanes of one vector instruction."""
   has_local = has_shared = False
@@ -112,7 +107,7 @@ class LLVMRenderer(Renderer):
 
   def render(self, program: UOp) -> str:
     name, uops = linear_parts(program)
-    src = _Kernel(self).render(name, expand_exp2(uops))
+    src = _Kernel(self).render(name, uops)
     est = program.estimates  # type: ignore[attr-defined]  # ProgramUOp accessor (uop/program.py)
     small = isinstance(est.ops, int) and isinstance(est.lds, int) and est.ops + est.lds < QUICK_WORK_MAX
     return f"{QUICK_MARK}\n{src}" if small else src
@@ -216,7 +211,7 @@ class _Kernel:
     params: list[str] = []
     for g in sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg):
       params.append(f"ptr %data{g.arg}")
-      self.ptrs[g] = Ptr((Lane(f"%data{g.arg}", None, None),), g.dtype.base.scalar())
+      self.ptrs[g] = Ptr(f"%data{g.arg}", None, None, g.dtype.base.scalar())
     names: set[str] = set()
     for v in sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0]):
       name = f"%var_{c_identifier(v.arg[0])}"
@@ -283,7 +278,7 @@ class _Kernel:
       base = u.dtype.base
       size = (u.dtype.size if isinstance(u.dtype, PtrDType) else 1) * base.count
       self.allocas.append(f"  %acc{i} = alloca [{size} x {memory_type(base.scalar())}], align 64")
-      self.ptrs[u] = Ptr((Lane(f"%acc{i}", None, None),), base.scalar())
+      self.ptrs[u] = Ptr(f"%acc{i}", None, None, base.scalar())
     elif op in (Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA):
       raise RendererError(f"the CPU has no workgroups or tensor cores: LLVMRenderer cannot render {op.name} (uop #{i})")
     elif op in (Ops.CUSTOM, Ops.CUSTOMI): raise RendererError(f"LLVMRenderer cannot render {op.name} (uop #{i}): its code is C text")
@@ -471,32 +466,21 @@ exit:
   # ---- memory
   def pointer(self, u: UOp) -> None:
     src = self.ptrs[u.src[0]]
-    if u.op is Ops.INDEX:
-      if len(src.lanes) != 1: raise RendererError("INDEX into a vector of pointers")
-      (ln,) = src.lanes
-      idx, gate = u.src[1], u.src[2] if len(u.src) == 3 else None
-      per = u.src[0].dtype.base.count
-      lanes = []
-      for j in range(idx.dtype.count):
-        ix = self.lane(self.v[idx], idx.dtype, j)
-        if idx.dtype.scalar().itemsize < 8:
-          ext = "zext" if dtypes.is_unsigned(idx.dtype.scalar()) else "sext"
-          ix = ix if _is_const(ix) else self.emit(f"{ext} {scalar_type(idx.dtype.scalar())} {ix} to i64")
-        if per != 1: ix = str(int(ix) * per) if _is_const(ix) else self.emit(f"mul i64 {ix}, {per}")
-        if ln.idx is not None: ix = self.emit(f"add i64 {ln.idx}, {ix}")
-        g = None if gate is None else self.lane(self.v[gate], gate.dtype, j)
-        g = g if ln.gate is None else ln.gate if g is None else self.emit(f"and i1 {ln.gate}, {g}")
-        lanes.append(Lane(ln.base, ix, g))
-      self.ptrs[u] = Ptr(tuple(lanes), src.elem)
-    elif u.op is Ops.CAST: self.ptrs[u] = src
-    elif u.op is Ops.VECTORIZE: self.ptrs[u] = Ptr(tuple(x for s in u.src for x in self.ptrs[s].lanes), src.elem)
-    elif u.op is Ops.GEP: self.ptrs[u] = Ptr(tuple(src.lanes[j] for j in u.arg), src.elem)
-    else: raise RendererError(f"LLVMRenderer cannot render {u.op.name} of a pointer")
+    if u.op is Ops.CAST: self.ptrs[u] = src
+    elif u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
+      raise RendererError(f"LLVMRenderer cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
+    else:
+      idx, gate = u.src[1], (self.v[u.src[2]] if len(u.src) == 3 else None)
+      ix = self.v[idx]
+      if idx.dtype.itemsize < 8 and not _is_const(ix):
+        ix = self.emit(f"{'zext' if dtypes.is_unsigned(idx.dtype) else 'sext'} {ltype(idx.dtype)} {ix} to i64")
+      if (per := u.src[0].dtype.base.count) != 1: ix = str(int(ix) * per) if _is_const(ix) else self.emit(f"mul i64 {ix}, {per}")
+      if src.idx is not None: ix = self.emit(f"add i64 {src.idx}, {ix}")
+      g = gate if src.gate is None else src.gate if gate is None else self.emit(f"and i1 {src.gate}, {gate}")
+      self.ptrs[u] = Ptr(src.base, ix, g, src.elem)
 
-  def address(self, ln: Lane, elem: DType, off: int = 0) -> str:
-    if ln.idx is None and off == 0: return ln.base
-    ix = ln.idx if off == 0 else str(off) if ln.idx is None else self.emit(f"add i64 {ln.idx}, {off}")
-    return self.emit(f"getelementptr inbounds {memory_type(elem)}, ptr {ln.base}, i64 {ix}")
+  def address(self, p: Ptr) -> str:
+    return p.base if p.idx is None else self.emit(f"getelementptr inbounds {memory_type(p.elem)}, ptr {p.base}, i64 {p.idx}")
 
   def gated(self, gate: str | None, t: str, access: Callable[[], str], alt: str) -> str:
     """The value `access()` emits, or `alt` where `gate` is false (memory is only touched in a branch taken on the gate)."""
@@ -513,42 +497,21 @@ exit:
   def load(self, u: UOp) -> str:
     p, dt = self.ptrs[u.src[0]], u.dtype
     alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
-    elem, align = p.elem, p.elem.itemsize
-    if len(p.lanes) == 1 and dt.count > 1:
-      ln = p.lanes[0]
-      def whole() -> str: return self.from_memory(self.emit(f"load {mtype(dt)}, ptr {self.address(ln, elem)}, align {align}"), dt)
-      return self.gated(ln.gate, ltype(dt), whole, self.v[alt] if alt is not None else "zeroinitializer")
-    per = dt.count // len(p.lanes)
-    parts = []
-    for j in range(dt.count):
-      ln, off = p.lanes[j // per], j % per
-      def one(ln: Lane = ln, off: int = off) -> str:
-        return self.from_memory(self.emit(f"load {memory_type(elem)}, ptr {self.address(ln, elem, off)}, align {align}"), elem)
-      other = self.lane(self.v[alt], alt.dtype, j) if alt is not None else scalar_const(0, elem)
-      parts.append(self.gated(ln.gate, scalar_type(elem), one, other))
-    return parts[0] if dt.count == 1 else self.vector(parts, dt)
+    d = dt if dt.count > 1 else p.elem  # a vector: the contiguous elements from the address
+    def access() -> str: return self.from_memory(self.emit(f"load {mtype(d)}, ptr {self.address(p)}, align {p.elem.itemsize}"), d)
+    return self.gated(p.gate, ltype(d), access, self.v[alt] if alt is not None else "zeroinitializer" if dt.count > 1 else scalar_const(0, p.elem))
 
   def store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]
-    x, dt = self.v[val], val.dtype
-    elem, align = p.elem, p.elem.itemsize
-    def guarded(gate: str | None, write: Callable[[], None]) -> None:
-      if gate is None: return write()
-      yes, join = self.label("store"), self.label("stored")
-      self.line(f"br i1 {gate}, label %{yes}, label %{join}")
-      self.start(yes)
-      write()
-      self.line(f"br label %{join}")
-      self.start(join)
-    if len(p.lanes) == 1 and dt.count > 1:
-      ln = p.lanes[0]
-      guarded(ln.gate, lambda: self.line(f"store {mtype(dt)} {self.to_memory(x, dt)}, ptr {self.address(ln, elem)}, align {align}"))
-      return
-    per = dt.count // len(p.lanes)
-    for j in range(dt.count):
-      ln, off = p.lanes[j // per], j % per
-      guarded(ln.gate, lambda ln=ln, off=off, j=j: self.line(  # type: ignore[misc]
-        f"store {memory_type(elem)} {self.to_memory(self.lane(x, dt, j), elem)}, ptr {self.address(ln, elem, off)}, align {align}"))
+    d = val.dtype if val.dtype.count > 1 else p.elem
+    def write() -> None: self.line(f"store {mtype(d)} {self.to_memory(self.v[val], d)}, ptr {self.address(p)}, align {p.elem.itemsize}")
+    if p.gate is None: return write()
+    yes, join = self.label("store"), self.label("stored")
+    self.line(f"br i1 {p.gate}, label %{yes}, label %{join}")
+    self.start(yes)
+    write()
+    self.line(f"br label %{join}")
+    self.start(join)
 
 
 __all__ = ["LLVMRenderer", "ltype", "memory_type", "mtype", "scalar_const", "scalar_type"]

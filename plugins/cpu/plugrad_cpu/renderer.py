@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugrad.backend import AddrSpace, AxisType, CStyleRenderer, DType, GroupOp, Ops, PtrDType, RendererError, UOp, c_identifier, dtypes
-from plugrad_cpu.vmath import expand_exp2
+from plugrad.backend import AddrSpace, AxisType, CStyleRenderer, DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes
 
 # CPUProgram runs a kernel on several threads when its source contains this text (the LLVM renderer writes it as a comment too)
 PARALLEL_MARK = "/* plugrad-cpu: parallel loop, split across core_count threads */"
@@ -45,7 +44,18 @@ static inline unsigned short pg_f32_to_f16(float f) {
 }"""
 
 
-class CPURenderer(CStyleRenderer):
+class CPUMath(Renderer):
+  """The transcendentals of both CPU renderers: libm's, except float32 vector exp2. Both compilers turn an exp2 of a vector
+  into one libm call per lane (softmax's exp ran at ~1 G/s on 2 threads and made every kernel with an exp compute-bound,
+  issue 20), so the codegen writes it out as vector arithmetic (codegen/decompose.py). A scalar exp2 keeps libm: as
+  scalar code the arithmetic measured 5x slower through LLVM."""
+  native_math = GroupOp.Transcendental
+
+  def math_is_native(self, op: Ops, dtype: DType) -> bool:
+    return op in self.native_math and not (op is Ops.EXP2 and dtype.count > 1 and dtype.scalar() is dtypes.float32)
+
+
+class CPURenderer(CPUMath, CStyleRenderer):
   """C for the host's compiler. `native_float16` / `native_bfloat16`: whether the compiler has `_Float16` / `__bf16`
   (from the toolchain probe); `vector_width`: the float lanes of one vector instruction (8 with AVX2, else 4)."""
   has_local = has_shared = False
@@ -141,7 +151,7 @@ class CPURenderer(CStyleRenderer):
   def extra_params(self) -> list[str]: return ["int core_id", "int core_count"]
 
   def order(self, uops: Sequence[UOp]) -> list[UOp]:
-    ordered, split = cpu_order(expand_exp2(tuple(uops)))
+    ordered, split = cpu_order(uops)
     self._split: UOp | None = split
     return ordered
 

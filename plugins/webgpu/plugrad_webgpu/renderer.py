@@ -3,8 +3,8 @@
 It subclasses the base `Renderer`, not `CStyleRenderer`: WGSL is C-like in its expressions but not in what the C base
 is built on (typed declarations `T x = e;`, `?:`, casts `(T)x`, unions for bitcasts, pointer arithmetic for vector
 access, 64-bit helper code), so sharing it would mean overriding most of it. What it keeps of the C base: values used
-once in their own block are inlined, the rest are named with `let`; loads are always named; pointers are tracked per
-lane (buffer, index, gate).
+once in their own block are inlined, the rest are named with `let`; loads are always named; a pointer is one address
+(buffer, index, gate): the codegen splits vectors of addresses (codegen/decompose.py).
 
 The shader's interface, which the runtime relies on:
 
@@ -43,6 +43,7 @@ class WGSLRenderer(Renderer):
   """WGSL for one adapter: `limits` are the adapter's (see `context.Limits`), `float16` whether it has `shader-f16`."""
   has_local = has_shared = True
   supports_float4 = False
+  native_math = GroupOp.Transcendental  # WGSL's exp2, log2, sin (the conformance suite holds them to its float32 tolerances)
 
   def __init__(self, device: str, limits: Limits, float16: bool, adapter: str = "the adapter"):
     super().__init__(device)
@@ -76,7 +77,8 @@ class Mem:
 
 
 @dataclass(frozen=True)
-class Lane:
+class Ptr:
+  """A pointer value: element `idx` ("": element 0) of `mem`, accessed where `gate` holds (None: always)."""
   mem: Mem
   idx: str
   gate: str | None
@@ -89,7 +91,7 @@ class _Kernel:
   name: str
   uops: Sequence[UOp]
   r: dict[UOp, str] = field(default_factory=dict)
-  ptrs: dict[UOp, tuple[Lane, ...]] = field(default_factory=dict)
+  ptrs: dict[UOp, Ptr] = field(default_factory=dict)
   body: list[str] = field(default_factory=list)
   decls: list[str] = field(default_factory=list)
   helpers: dict[str, str] = field(default_factory=dict)
@@ -170,7 +172,7 @@ class _Kernel:
       packed = self.packed(dt)
       mem = Mem(f"data{u.arg}", "global", dt, packed, packed and u in self.written)
       self.names.add(mem.name)
-      self.ptrs[u] = (Lane(mem, "", None),)
+      self.ptrs[u] = Ptr(mem, "", None)
       elem = ("atomic<u32>" if mem.atomic else "u32") if packed else self.st(dt)
       self.decls.append(f"@group(0) @binding({u.arg}) var<storage, read_write> {mem.name}: array<{elem}>;")
     fields = (["g: vec3<u32>"] if fold else []) + [f"{self.var_name(v)}: i32" for v in variables]
@@ -238,11 +240,11 @@ class _Kernel:
       self.line(f"let {r[u]} = {expr};")
     elif op is Ops.DEFINE_LOCAL:
       mem = Mem(self.unique(identifier(u.arg, "l_")), "local", u.dtype.base.scalar())
-      self.ptrs[u] = (Lane(mem, "", None),)
+      self.ptrs[u] = Ptr(mem, "", None)
       self.decls.append(f"var<workgroup> {mem.name}: array<{self.st(mem.dtype)}, {_elems(u.dtype)}>;")
     elif op is Ops.DEFINE_REG:
       mem = Mem(self.unique(f"acc{u.arg}"), "reg", u.dtype.base.scalar())
-      self.ptrs[u] = (Lane(mem, "", None),)
+      self.ptrs[u] = Ptr(mem, "", None)
       self.line(f"var {mem.name}: array<{self.st(mem.dtype)}, {_elems(u.dtype)}>;")
     elif op is Ops.RANGE:
       n = r[u] = self.unique(f"ridx{u.arg[0]}")
@@ -344,23 +346,14 @@ class _Kernel:
   # ---- memory
   def _pointer(self, u: UOp) -> None:
     src = self.ptrs[u.src[0]]
-    if u.op is Ops.INDEX:
-      if len(src) != 1: raise RendererError("WEBGPU: INDEX into a vector of pointers")
-      (base,) = src
-      idx, gate = u.src[1], u.src[2] if len(u.src) == 3 else None
-      per = u.src[0].dtype.base.count
-      lanes = []
-      for j in range(idx.dtype.count):
-        ix = self.gep(self.r[idx], idx.dtype, j)
-        if per != 1: ix = f"({ix} * {per})"
-        g = None if gate is None else self.gep(self.r[gate], gate.dtype, j)
-        g = g if base.gate is None else base.gate if g is None else f"({base.gate} && {g})"
-        lanes.append(Lane(base.mem, ix if not base.idx else f"({base.idx} + {ix})", g))
-      self.ptrs[u] = tuple(lanes)
-    elif u.op is Ops.CAST: self.ptrs[u] = src
-    elif u.op is Ops.VECTORIZE: self.ptrs[u] = tuple(ln for s in u.src for ln in self.ptrs[s])
-    elif u.op is Ops.GEP: self.ptrs[u] = tuple(src[j] for j in u.arg)
-    else: raise RendererError(f"WEBGPU cannot render {u.op.name} of a pointer")
+    if u.op is Ops.CAST: self.ptrs[u] = src
+    elif u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
+      raise RendererError(f"WEBGPU cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
+    else:
+      ix, gate = self.r[u.src[1]], (self.r[u.src[2]] if len(u.src) == 3 else None)
+      if (per := u.src[0].dtype.base.count) != 1: ix = f"({ix} * {per})"
+      g = gate if src.gate is None else src.gate if gate is None else f"({src.gate} && {gate})"
+      self.ptrs[u] = Ptr(src.mem, ix if not src.idx else f"({src.idx} + {ix})", g)
 
   def _read(self, mem: Mem, idx: str) -> str:
     if not mem.packed: return f"{mem.name}[{idx}]"
@@ -381,28 +374,24 @@ class _Kernel:
               f"  atomicOr(&{word}, (b & {mask}u) << s);\n}}")
     return self.need(name, code)
 
+  # a vector access is the contiguous elements from the address, one by one (WGSL arrays hold scalars)
+  def _element(self, p: Ptr, j: int) -> str: return (p.idx or "0") if j == 0 else f"({p.idx or '0'} + {j})"
+
   def _load(self, i: int, u: UOp) -> None:
-    lanes, dt = self.ptrs[u.src[0]], u.dtype
+    p, dt = self.ptrs[u.src[0]], u.dtype
     alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
-    per = dt.count // len(lanes)
     parts = []
     for j in range(dt.count):
-      ln = lanes[j // per]
-      idx = ln.idx if j % per == 0 else f"({ln.idx} + {j % per})"
-      v = self._read(ln.mem, idx or "0")
-      if ln.gate is not None: v = f"select({self.gep(self.r[alt], dt, j) if alt is not None else self.lit(0, ln.mem.dtype)}, {v}, {ln.gate})"
+      v = self._read(p.mem, self._element(p, j))
+      if p.gate is not None: v = f"select({self.gep(self.r[alt], dt, j) if alt is not None else self.lit(0, p.mem.dtype)}, {v}, {p.gate})"
       parts.append(v)
     self._define(i, u, parts[0] if dt.count == 1 else f"{self.ty(dt)}({', '.join(parts)})")
 
   def _store(self, u: UOp) -> None:
-    lanes, val = self.ptrs[u.src[0]], u.src[1]
-    v, dt = self.r[val], val.dtype
-    per = dt.count // len(lanes)
-    for j in range(dt.count):
-      ln = lanes[j // per]
-      idx = ln.idx if j % per == 0 else f"({ln.idx} + {j % per})"
-      st = self._write(ln.mem, idx or "0", self.gep(v, dt, j))
-      self.line(st if ln.gate is None else f"if ({ln.gate}) {{ {st} }}")
+    p, val = self.ptrs[u.src[0]], u.src[1]
+    for j in range(val.dtype.count):
+      st = self._write(p.mem, self._element(p, j), self.gep(self.r[val], val.dtype, j))
+      self.line(st if p.gate is None else f"if ({p.gate}) {{ {st} }}")
 
 
 def _elems(dt: DType) -> int:
@@ -412,4 +401,4 @@ def _elems(dt: DType) -> int:
 
 
 
-__all__ = ["FOLD_MARK", "Lane", "Mem", "WGSLRenderer"]
+__all__ = ["FOLD_MARK", "Mem", "Ptr", "WGSLRenderer"]

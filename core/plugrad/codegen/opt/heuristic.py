@@ -104,7 +104,23 @@ def _other_axis(k: Scheduler, vec_axis: int, deps: set[UOp]) -> int | None:
   return next((n for n in reversed(range(len(outs))) if n != vec_axis and outs[n] in deps and _const_size(outs[n])), None)
 
 
-VEC_PAD_MAX = 16  # the vector axis may grow by at most 1/16 of its size to fit the tile's two vectors
+VEC_PAD_MAX = 16  # an axis may grow by at most 1/16 of its size to fit the tile's two vectors (or rows, or unroll)
+
+
+def _padded_split(k: Scheduler, op: OptOps, axis: int, amts: tuple[int, ...], reduce: bool = False) -> bool:
+  """`op` on `axis` by the first of `amts` that divides it; else by the first one that does after a PADTO growing the
+  axis by at most 1/VEC_PAD_MAX (a vocabulary of 50257 = 29 x 1733 would otherwise get no register tile rows and a scalar
+  reduce loop: padded, only the last tile's gated loads and stores are wasted)."""
+  if any(_try(k, Opt(op, axis, amt)) for amt in amts): return True
+  sz = _const_size((k.reduce_axes if reduce else k.output_axes)[axis])
+  pad_axis = axis + (len(k.output_axes) if reduce else 0)  # PADTO numbers the output axes, then the reduce axes
+  for amt in amts:
+    if amt > 1 and sz and -sz % amt <= sz // VEC_PAD_MAX:
+      trial = k.copy()
+      if _try(trial, Opt(OptOps.PADTO, pad_axis, amt)) and _try(trial, Opt(op, axis, amt)):
+        k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
+        return True
+  return False
 
 
 def _register_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> None:
@@ -119,9 +135,8 @@ def _register_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> None:
     if _try(k, Opt(OptOps.UPCAST, vec_axis, amt)): break
   if (other := _other_axis(k, vec_axis, deps)) is not None:
     # 16-wide vectors mean AVX-512 and its 32 vector registers: 8 rows x 2 vectors = 16 accumulators; else 4 x 2 of 16
-    for amt in ((8, 6, 4, 3, 2) if w >= 16 else (4, 3, 2)):
-      if _try(k, Opt(OptOps.UPCAST, other, amt)): break
-  _try(k, Opt(OptOps.UNROLL, len(k.reduce_axes) - 1, 4))
+    _padded_split(k, OptOps.UPCAST, other, (8, 6, 4, 3, 2) if w >= 16 else (4, 3, 2))
+  _padded_split(k, OptOps.UNROLL, len(k.reduce_axes) - 1, (4,), reduce=True)
 
 
 def _transposed_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> Scheduler | None:
@@ -151,7 +166,8 @@ def _vector_lanes_fit(k: Scheduler, vec_axis: int | None, w: int) -> bool:
   its width, so lanes there would gather). Loads strided along it are fine: PACK transposes them (A.B^T)."""
   if vec_axis is None: return False
   r = k.output_axes[vec_axis]
-  if not (sz := _const_size(r)) or sz % w: return False
+  # a size off the vector width by little gets padded by _register_tile (the LM head's 50257 columns)
+  if not (sz := _const_size(r)) or (sz % w and -sz % (2 * w) > sz // VEC_PAD_MAX): return False
   gates = [u.src[0].src[2] for red in k.reduces for u in red.src[0].toposort
            if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and len(u.src[0].src) > 2]
   return not any(r in g.toposort for g in gates)
@@ -300,6 +316,17 @@ def _workgroup_heuristics(k: Scheduler) -> Scheduler:
   return k
 
 
+def _row_kernel(k: Scheduler, vec_axis: int, w: int) -> None:
+  """A kernel whose reductions are row statistics broadcast along the stores (softmax, layernorm: ROW_FUSE): the stores
+  get one vector of lanes, and each reduction whose loads run along its axis gets vector accumulators over it (the
+  expander vectorizes a reduction the store's lanes do not reach; its result is broadcast to them)."""
+  _try(k, Opt(OptOps.UPCAST, vec_axis, w))
+  for n, r in enumerate(k.reduce_axes):
+    loads = [u.src[0].src[1] for red in k.reduces if r in red.src[1:] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    along = any(r in ix.toposort and _contiguous(ix, r) is not None for ix in loads)
+    _padded_split(k, OptOps.UNROLL, n, (4 * w, 2 * w, w) if along else (4,), reduce=True)
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   rd = k.renderer
   if rd.has_local: return _workgroup_heuristics(k)
@@ -311,6 +338,9 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   raxes = k.reduce_axes
   if not reds:
     if vec_axis is not None: _try(k, Opt(OptOps.UPCAST, vec_axis, w))
+    return k
+  if vec_axis is not None and not any(outs[vec_axis] in red.src[0].toposort for red in reds):
+    _row_kernel(k, vec_axis, w)
     return k
   if len(reds) != 1 or not raxes: return k
   deps = {x for x in reds[0].src[0].toposort if x.op is Ops.RANGE}
@@ -333,7 +363,6 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
       # a reduction along contiguous memory: vector accumulators over the reduce axis
       # a contiguous run shorter than a vector (BatchNorm's 4x4 or 8x8 pixels) is unrolled whole: its loads still share lines
       last = _const_size(raxes[-1])
-      for amt in (4 * w, 2 * w, w, *((0,) if 1 < last < w else ())):
-        if _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, amt)): break
+      _padded_split(k, OptOps.UNROLL, len(raxes) - 1, (4 * w, 2 * w, w, *((0,) if 1 < last < w else ())), reduce=True)
     else: _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, 4))
   return k

@@ -103,7 +103,14 @@ class Scheduler:
   @property
   def full_shape(self) -> list[int | None]: return [_size(r) for r in self.output_axes + self.reduce_axes]
 
-  def upcast_size(self) -> int: return prod(_size(r) or 1 for r in self.ranges_of(AxisType.UPCAST, AxisType.UNROLL))
+  def upcast_size(self, split: UOp | None = None, amt: int = 1) -> int:
+    """Register lanes: the UPCAST sizes times the UNROLL sizes of the most unrolled reduction (the reductions of one
+    kernel run one after another, a row kernel's max and sum, so their unrolls do not multiply); with range `split`
+    split by `amt` (UPCAST: every reduction grows, UNROLL: those over it)."""
+    unrolled = [prod(_size(r) or 1 for r in red.src[1:] if r.arg[1] is AxisType.UNROLL) * (amt if split in red.src[1:] else 1)
+                for red in self.reduces]
+    up = prod(_size(r) or 1 for r in self.ranges_of(AxisType.UPCAST)) * (amt if split is not None and split.arg[1] is not AxisType.REDUCE else 1)
+    return up * max(unrolled, default=1)
   def local_size(self) -> int: return prod(_size(r) or 1 for r in self.ranges_of(*_LOCAL_TYPES))
 
   # ---- applying actions
@@ -299,7 +306,7 @@ class Scheduler:
     return r
 
   def _split(self, opt: Opt, r: UOp, amt: int, t: AxisType, top: bool = False) -> None:
-    if t in (AxisType.UPCAST, AxisType.UNROLL) and self.upcast_size() * amt > MAX_UPCAST:
+    if t in (AxisType.UPCAST, AxisType.UNROLL) and self.upcast_size(r, amt) > MAX_UPCAST:
       raise KernelOptError(f"{opt}: more than {MAX_UPCAST} register lanes")
     size = _size(r)
     assert size is not None
