@@ -17,11 +17,13 @@ What is here, by the job it does:
   `run_program` (runs one on Tensors; TinyJit captures it), `ProgramArgumentError`
 * rendering: `Renderer` (capability flags, `dtype_support`, `extra_matcher`), `CStyleRenderer` (the C family's dialect
   hooks), `linear_parts`, `use_analysis`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
-* compiling: `Compiler` (with the disk cache)
+* compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
 * memory: `Allocator`, `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
 * batching: `GraphRunner`, `GraphKernel`, `GraphError`
 * helpers a backend reads: `DEBUG`, `getenv`, `prod`, `Device`
+* settings: `getenv` (typed and checked: `choices`, `minimum`, `maximum`), `parse_setting` (the same for a given
+  environment mapping), `SettingsError` (a bad value, naming the variable)
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from plugrad.errors import (
   PluginHookError,
   UnsupportedDTypeError,
 )
-from plugrad.helpers import DEBUG, getenv, prod
+from plugrad.helpers import DEBUG, SettingsError, getenv, parse_setting, prod
 from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, hookimpl, parse_device
 from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, linear_parts, use_analysis
 from plugrad.renderer.cstyle import CStyleRenderer, c_identifier, float32_repr
@@ -76,4 +78,6 @@ __all__ = [
   "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner",
   # helpers
   "DEBUG", "Device", "getenv", "prod",
+  # settings
+  "SettingsError", "parse_setting",
 ]

@@ -170,8 +170,9 @@ NO_GRAD = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, 
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[UOp, UOp]:
-  """d(root)/d(target) for each target reached from `root`, seeded with `root_grad` (same shape as root). Targets that
-  `root` does not depend on (or only through DETACH or integer ops) are absent from the result."""
+  """d(root)/d(target) for each target reached from `root`, seeded with `root_grad` (same shape as root). A float target
+  in the graph that no differentiable path joins to `root` (only through comparisons or integer ops, or through an
+  empty tensor) gets zeros of its shape, as in PyTorch; targets not in the graph, or only through DETACH, are absent."""
   if root.shape != root_grad.shape: raise GradientError(f"the gradient seed has shape {root_grad.shape}, but the root has shape {root.shape}")
   wanted = set(targets)
   topo = root.toposort
@@ -187,4 +188,8 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[
     for s, sg in zip(u.src, rule(u, g)):
       if sg is None or s not in on_path: continue
       grads[s] = grads[s].alu(Ops.ADD, sg) if s in grads else sg
-  return {t: grads[t] for t in wanted if t in grads}
+  # the nodes `root` depends on other than through DETACH: a target among them that got no gradient has derivative 0
+  live: set[UOp] = {root}
+  for u in reversed(topo):
+    if u in live and u.op is not Ops.DETACH: live.update(u.src)
+  return {t: grads[t] if t in grads else _const(t, 0.0) for t in wanted if t in grads or (t in live and dtypes.is_float(t.dtype))}

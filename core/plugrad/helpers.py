@@ -13,15 +13,49 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class ContextVar:
-  """An integer (or string) flag read once from the environment and overridable with `Context(...)`."""
-  _registry: dict[str, ContextVar] = {}
-  __slots__ = ("key", "value")
+class SettingsError(ValueError):
+  """An environment variable holds a value plugrad cannot use; the message names the variable, the value and what is
+  allowed. Raised when the setting is first read (a flag read at import: at `import plugrad`)."""
 
-  def __init__(self, key: str, default: Any):
-    raw = os.environ.get(key)
-    self.key, self.value = key, default if raw is None else type(default)(raw)
+
+class _Unset:  # Context's marker of a flag whose environment value was bad
+  pass
+
+
+def parse_setting(key: str, raw: str | None, default: Any, choices: Sequence[Any] | None = None,
+                  minimum: float | None = None, maximum: float | None = None) -> Any:
+  """`raw` (an environment variable's text; None or blank: `default`) converted to the type of `default` (int, float
+  or str) and checked against `choices` or [`minimum`, `maximum`]; anything else raises SettingsError."""
+  if raw is None or not raw.strip(): return default
+  kind, text = type(default), raw.strip()
+  if choices is not None: allowed = "one of " + ", ".join(str(c) for c in choices)
+  elif kind in (int, float):
+    allowed = ("an integer" if kind is int else "a number") + (f" >= {minimum}" if minimum is not None else "") + \
+      (f" <= {maximum}" if maximum is not None else "")
+  else: allowed = f"a {kind.__name__}"
+  bad = SettingsError(f"{key}={raw!r} is not valid: expected {allowed} (docs/env-vars.md)")
+  try: val = kind(text)
+  except ValueError: raise bad from None
+  if (choices is not None and val not in choices) or (minimum is not None and val < minimum) or (maximum is not None and val > maximum): raise bad
+  return val
+
+
+class ContextVar:
+  """An integer (or string) flag read once from the environment and overridable with `Context(...)`. A bad value in
+  the environment raises SettingsError when the flag is first read (its `value` slot stays empty until then, so
+  reading a good flag costs no more than an attribute)."""
+  _registry: dict[str, ContextVar] = {}
+  __slots__ = ("key", "value", "error")
+
+  def __init__(self, key: str, default: Any, choices: Sequence[Any] | None = None, minimum: float | None = None):
+    self.key, self.error = key, None
+    try: self.value = parse_setting(key, os.environ.get(key), default, choices, minimum)
+    except SettingsError as e: self.error = e
     ContextVar._registry[key] = self
+
+  def __getattr__(self, name: str) -> Any:  # only reached while `value` is unset: the environment's value was bad
+    if name == "value" and self.error is not None: raise SettingsError(str(self.error))
+    raise AttributeError(name)
 
   def __bool__(self) -> bool: return bool(self.value)
   def __ge__(self, x: Any) -> bool: return self.value >= x
@@ -30,7 +64,7 @@ class ContextVar:
   def __lt__(self, x: Any) -> bool: return self.value < x
   def __eq__(self, x: object) -> bool: return self.value == x
   def __hash__(self) -> int: return hash(self.key)
-  def __repr__(self) -> str: return f"ContextVar({self.key}={self.value!r})"
+  def __repr__(self) -> str: return f"ContextVar({self.key}={'<invalid>' if self.error is not None else repr(self.value)})"
 
 
 class Context(contextlib.ContextDecorator):
@@ -41,25 +75,34 @@ class Context(contextlib.ContextDecorator):
     self.kwargs = kwargs
 
   def __enter__(self) -> Context:
-    self.old = {k: ContextVar._registry[k].value for k in self.kwargs}
-    for k, v in self.kwargs.items(): ContextVar._registry[k].value = v
+    reg = ContextVar._registry
+    self.old = {}
+    for k, v in self.kwargs.items():
+      # a flag whose environment value was bad may still be overridden; it is bad again after the block
+      try: self.old[k] = reg[k].value
+      except SettingsError: self.old[k] = _Unset
+      reg[k].value = v
     return self
 
   def __exit__(self, *exc: Any) -> None:
-    for k, v in self.old.items(): ContextVar._registry[k].value = v
+    for k, v in self.old.items():
+      if v is _Unset: del ContextVar._registry[k].value
+      else: ContextVar._registry[k].value = v
 
 
-def getenv(key: str, default: Any = 0) -> Any:
-  """Read an environment variable converted to the type of `default` (not cached: for rarely read settings)."""
-  val = os.environ.get(key)
-  if val is None: return default
-  return type(default)(val)
+def getenv(key: str, default: Any = 0, choices: Sequence[Any] | None = None, minimum: float | None = None,
+           maximum: float | None = None) -> Any:
+  """Read an environment variable converted to the type of `default` (int, float or str; unset or blank: `default`)
+  and checked against `choices` or [`minimum`, `maximum`]: a bad value raises SettingsError naming the variable. Not
+  cached: for rarely read settings."""
+  return parse_setting(key, os.environ.get(key), default, choices, minimum, maximum)
 
 
-DEBUG, SPEC = ContextVar("DEBUG", 0), ContextVar("SPEC", 0)
-REWRITE_STEPS = ContextVar("REWRITE_STEPS", 100_000)  # budget of rule applications per graph_rewrite
-UPAT_COMPILE = ContextVar("UPAT_COMPILE", 1)          # 0 = use the interpreted matcher everywhere
-CACHE = ContextVar("CACHE", 1)
+BOOL = (0, 1)  # the choices of an on/off flag
+DEBUG, SPEC = ContextVar("DEBUG", 0, minimum=0), ContextVar("SPEC", 0, BOOL)
+REWRITE_STEPS = ContextVar("REWRITE_STEPS", 100_000, minimum=1)  # budget of rule applications per graph_rewrite
+UPAT_COMPILE = ContextVar("UPAT_COMPILE", 1, BOOL)               # 0 = use the interpreted matcher everywhere
+CACHE = ContextVar("CACHE", 1, BOOL)
 
 
 def cache_dir() -> pathlib.Path:

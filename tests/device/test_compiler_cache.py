@@ -1,5 +1,5 @@
 """The Compiler base: the persistent sqlite compile cache (across instances and processes, CACHE=0, PLUGRAD_CACHE_DIR,
-a corrupt or unusable cache) and compile errors with the kernel name and the source near the error."""
+a corrupt or unusable cache; its integrity checks: tests/robustness) and compile errors with the kernel name and the source near the error."""
 from __future__ import annotations
 
 import marshal
@@ -123,25 +123,26 @@ def test_concurrent_processes_share_the_cache(cache: Path):
   assert PyCompiler.calls == 0  # every source ended up stored
 
 
-def test_corrupt_cache_degrades_to_no_caching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+def test_corrupt_cache_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+  from plugrad.diskcache import CacheWarning
   (tmp_path / "cache.db").write_bytes(b"this is not a sqlite database" * 100)
   monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
   PyCompiler.calls = 0
   src = fresh_src("corrupt")
-  with Context(CACHE=1, DEBUG=1):
+  with Context(CACHE=1), pytest.warns(CacheWarning, match="was damaged .* moved it to cache.db.broken"):
     assert run_lib(PyCompiler().compile_cached(src))["result"] == 42
-    PyCompiler().compile_cached(src)
-  assert PyCompiler.calls == 2
-  err = capsys.readouterr().err
-  assert "compile cache" in err and str(tmp_path / "cache.db") in err and err.count("\n") == 1  # said once
+  PyCompiler().compile_cached(src)
+  assert PyCompiler.calls == 1  # the new database holds it
+  assert (tmp_path / "cache.db.broken").read_bytes().startswith(b"this is not")
 
 
 def test_unusable_cache_dir_degrades_to_no_caching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+  from plugrad.diskcache import CacheWarning
   (tmp_path / "a_file").write_text("not a directory")
   monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path / "a_file" / "sub"))
   PyCompiler.calls = 0
   src = fresh_src("unusable")
-  with Context(CACHE=1):
+  with Context(CACHE=1), pytest.warns(CacheWarning, match="caching is off"):
     PyCompiler().compile_cached(src)
     PyCompiler().compile_cached(src)
   assert PyCompiler.calls == 2

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from plugrad import Tensor
-from plugrad.engine.schedule import ScheduleError, create_schedule
+from plugrad.engine.schedule import ScheduleError, _buffer_uop, create_schedule
 from plugrad.uop.ops import Ops, UOp
 
 DEV = "PYTHON"
@@ -215,3 +215,14 @@ def test_padded_reductions_get_their_own_kernels():
   assert len(items) == 3 and not any(u.op is Ops.REDUCE for u in items[-1].ast.toposort), items
   want = np.concatenate([a.numpy() @ b.numpy(), c.numpy() @ d.numpy()], axis=1)
   np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_buffers_come_from_the_simplified_kernel():
+  # the pad's gate is false on every element kept, so the load of `a` simplifies away: `a` is not one of the kernel's
+  # buffers, and the buffers it does read (b) get the slots the AST names, renumbered densely after the output
+  a, b = t(3).realize(), t(2, seed=1).realize()
+  (it,) = [it for it in (a.pad((2, 1))[0:2] + b).schedule() if it.kind == "kernel"]
+  slots = sorted(u.arg for u in it.ast.toposort if u.op is Ops.DEFINE_GLOBAL)
+  assert slots == list(range(len(it.bufs))) == [0, 1]
+  assert it.bufs[1] is _buffer_uop(b.uop) and _buffer_uop(a.uop) not in it.bufs + tuple(it.reads_before)
+  np.testing.assert_allclose((a.pad((2, 1))[0:2] + b).numpy(), b.numpy())

@@ -15,7 +15,7 @@ from plugrad.helpers import ContextVar
 
 H = TypeVar("H")  # a backend's handle type (a pointer int, a ctypes buffer, a memoryview, a driver object ...)
 
-LRU = ContextVar("PLUGRAD_LRU", 1)  # 0 = freed buffers go straight back to the device
+LRU = ContextVar("PLUGRAD_LRU", 1, (0, 1))  # 0 = freed buffers go straight back to the device
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Allocator(Generic[H]):
   def __init__(self, device: str):
     if not isinstance(device, str) or not device: raise TypeError(f"Allocator needs the device name as a non-empty str, got {device!r}")
     self.device = device
+    bool(LRU)  # a bad PLUGRAD_LRU fails here; `free` reads it in finalizers, where an error would only be printed
     self.mem_used = self.peak = self.cached_bytes = 0
     self._cache: dict[tuple[int, BufferSpec | None], list[H]] = {}
 

@@ -2,8 +2,12 @@
 
 Compiling is the slowest step of running a new kernel (a C compiler takes tens of milliseconds, NVRTC more), and the
 same kernels come back in every run of a program, so binaries are kept in a sqlite file shared by all processes.
-The cache is an optimization only: any problem with it (corrupt, locked past the timeout, read-only) turns caching
-off with a DEBUG message and never fails a compile.
+The cache is an optimization only and never fails a compile. Its binaries are native code this process will run, so
+(docs/security.md, plugrad/diskcache.py) the directory must be private to the user, each entry carries an HMAC of its
+bytes checked before they are returned, an entry that fails the check or fails to load is dropped and compiled again
+(with a CacheWarning naming the kernel), a damaged database file is moved aside and rebuilt, and the binaries are
+kept under CACHE_MB by evicting the least recently used. A database locked past the timeout or not writable turns
+caching off for the process with a DEBUG message.
 """
 from __future__ import annotations
 
@@ -13,12 +17,18 @@ import re
 import sqlite3
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+from plugrad import diskcache
 from plugrad.errors import CompileError, PluginHookError
 from plugrad.helpers import CACHE, DEBUG, cache_dir
 
-_TABLE = "compile_v1"  # bump the suffix when the stored format changes
+_TABLE = "compile_v2"  # bump the suffix when the stored format changes (v2: HMAC, size, last use)
+_OLD_TABLES = ("compile_v1",)  # unsigned entries: dropped, never read
+T = TypeVar("T")
 
 
 class Compiler:
@@ -36,12 +46,32 @@ class Compiler:
     """`compile(src)` through the on-disk cache (CACHE=0 bypasses it). A failure raises CompileError naming the kernel."""
     if not isinstance(src, str): raise TypeError(f"compile_cached needs the source as a str, got {type(src).__name__}")
     key = self.cache_key if CACHE else None
-    if key is not None and (lib := _cache_get(key, src)) is not None: return lib
+    if key is not None and (lib := _cache_get(key, src, name)) is not None: return lib
+    lib = self._fresh(src, name)
+    if key is not None: _cache_put(key, src, lib)
+    return lib
+
+  def load_cached(self, src: str, name: str, load: Callable[[bytes], T]) -> T:
+    """`load(compile_cached(src, name))`, where `load` turns the binary into something runnable (dlopen, link) and
+    raises when it cannot. A cached binary that fails to load is dropped from the cache with a CacheWarning naming
+    the kernel and compiled once more; only a fresh binary's failure propagates. It is stored once it loaded."""
+    if not isinstance(src, str): raise TypeError(f"load_cached needs the source as a str, got {type(src).__name__}")
+    key = self.cache_key if CACHE else None
+    if key is not None and (cached := _cache_get(key, src, name)) is not None:
+      try: return load(cached)
+      except Exception as e:
+        _cache_drop(key, src)
+        diskcache.warn(f"plugrad: the cached binary of kernel {name!r} failed to load ({type(e).__name__}: {e}); dropped it, compiling again")
+    lib = self._fresh(src, name)
+    out = load(lib)
+    if key is not None: _cache_put(key, src, lib)
+    return out
+
+  def _fresh(self, src: str, name: str) -> bytes:
     try: lib = self.compile(src)
     except CompileError as e: raise _kernel_error(type(self).__name__, name, str(e), src) from e
     if not isinstance(lib, bytes):
       raise PluginHookError(f"{type(self).__name__}.compile must return bytes, got {type(lib).__name__} (kernel {name!r})")
-    if key is not None: _cache_put(key, src, lib)
     return lib
 
 
@@ -75,7 +105,8 @@ def _kernel_error(compiler: str, name: str, message: str, src: str, context: int
 
 _conns: dict[tuple[int, Path], sqlite3.Connection | None] = {}
 _warned: set[Path] = set()
-_lock = threading.Lock()
+_rebuilt: set[tuple[int, Path]] = set()
+_lock = threading.RLock()
 
 
 def cache_path() -> Path: return cache_dir() / "cache.db"
@@ -83,46 +114,123 @@ def cache_path() -> Path: return cache_dir() / "cache.db"
 
 def _disable(path: Path, why: BaseException) -> None:
   if path not in _warned and DEBUG >= 1:
-    print(f"plugrad: compile cache {path} not used ({type(why).__name__}: {why}); compiling without it (delete the file to rebuild it)",
-          file=sys.stderr)
+    print(f"plugrad: compile cache {path} not used ({type(why).__name__}: {why}); compiling without it", file=sys.stderr)
   _warned.add(path)
 
 
-def _connect(path: Path) -> sqlite3.Connection | None:
-  if (k := (os.getpid(), path)) in _conns: return _conns[k]
-  conn: sqlite3.Connection | None = None
+def _is_damaged(e: BaseException) -> bool:
+  # OperationalError is "locked", "read-only", "disk I/O": conditions that pass; its parent DatabaseError is
+  # "file is not a database" / "database disk image is malformed": the file itself is bad
+  return isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError)
+
+
+def _rebuild(path: Path, why: BaseException) -> bool:
+  """Move a damaged database aside (to cache.db.broken, replacing an older one: kept for a bug report, bounded) so
+  the next connection starts a new one; once per process, so a file that keeps breaking cannot loop."""
+  k = (os.getpid(), path)
+  if k in _rebuilt: return False
+  _rebuilt.add(k)
+  if (conn := _conns.pop(k, None)) is not None: conn.close()
+  aside = path.with_name(f"{path.name}.broken")
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # the timeout makes a writer wait for another process's write; WAL lets readers run during it
-    conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
+    path.replace(aside)
+    for suffix in ("-wal", "-shm"): path.with_name(path.name + suffix).unlink(missing_ok=True)
+  except OSError: return False
+  diskcache.warn(f"plugrad: compile cache {path} was damaged ({type(why).__name__}: {why}); moved it to {aside.name} and started a new one")
+  return True
+
+
+def _open(path: Path) -> sqlite3.Connection:
+  # the timeout makes a writer wait for another process's write; WAL lets readers run during it
+  conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
+  try:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"CREATE TABLE IF NOT EXISTS {_TABLE} (compiler TEXT NOT NULL, src_sha256 TEXT NOT NULL, lib BLOB NOT NULL, "
-                 "PRIMARY KEY (compiler, src_sha256))")
-  except (sqlite3.Error, OSError) as e:
-    _disable(path, e)
-    if conn is not None: conn.close()
-    conn = None
-  _conns[k] = conn
+                 "mac BLOB NOT NULL, size INTEGER NOT NULL, used REAL NOT NULL, PRIMARY KEY (compiler, src_sha256))")
+    for old in _OLD_TABLES: conn.execute(f"DROP TABLE IF EXISTS {old}")
+  except BaseException:
+    conn.close()
+    raise
   return conn
+
+
+def _connect() -> tuple[sqlite3.Connection, bytes, Path] | None:
+  """(connection, HMAC key, database path), or None when the cache cannot be used in this process now."""
+  if (d := diskcache.secure_dir()) is None or (key := diskcache.secret(d)) is None: return None
+  path = d / "cache.db"
+  if (k := (os.getpid(), path)) in _conns:
+    return None if (c := _conns[k]) is None else (c, key, path)
+  conn: sqlite3.Connection | None = None
+  try: conn = _open(path)
+  except (sqlite3.Error, OSError) as e:
+    if _is_damaged(e) and _rebuild(path, e):
+      try: conn = _open(path)
+      except (sqlite3.Error, OSError) as e2: _disable(path, e2)
+    else: _disable(path, e)
+  _conns[k] = conn
+  return None if conn is None else (conn, key, path)
+
+
+def _failed(path: Path, e: sqlite3.Error) -> None:
+  """A query failed: rebuild a damaged file (the next query opens the new one), else stop using the cache."""
+  if not (_is_damaged(e) and _rebuild(path, e)):
+    _conns[(os.getpid(), path)] = None
+    _disable(path, e)
 
 
 def _digest(src: str) -> str: return hashlib.sha256(src.encode()).hexdigest()
 
 
-def _cache_get(key: str, src: str) -> bytes | None:
-  path = cache_path()
+def _cache_get(key: str, src: str, name: str = "kernel") -> bytes | None:
+  """The cached binary when its HMAC checks out; an entry that does not is deleted (with a CacheWarning) and missed."""
   with _lock:
-    if (conn := _connect(path)) is None: return None
-    try: row = conn.execute(f"SELECT lib FROM {_TABLE} WHERE compiler = ? AND src_sha256 = ?", (key, _digest(src))).fetchone()
+    if (c := _connect()) is None: return None
+    conn, secret, path = c
+    sha = _digest(src)
+    try:
+      row = conn.execute(f"SELECT lib, mac FROM {_TABLE} WHERE compiler = ? AND src_sha256 = ?", (key, sha)).fetchone()
+      if row is None: return None
+      lib, mac = row
+      if not (isinstance(lib, bytes) and isinstance(mac, bytes) and diskcache.valid(secret, mac, key.encode(), sha.encode(), lib)):
+        conn.execute(f"DELETE FROM {_TABLE} WHERE compiler = ? AND src_sha256 = ?", (key, sha))
+        diskcache.warn(f"plugrad: the cached binary of kernel {name!r} in {path} failed its integrity check (damaged or not written by "
+                       "plugrad); dropped it, compiling again")
+        return None
+      conn.execute(f"UPDATE {_TABLE} SET used = ? WHERE compiler = ? AND src_sha256 = ?", (time.time(), key, sha))
     except sqlite3.Error as e:
-      _disable(path, e)
+      _failed(path, e)
       return None
-  return bytes(row[0]) if row is not None else None
+  return lib
+
+
+def _cache_drop(key: str, src: str) -> None:
+  with _lock:
+    if (c := _connect()) is None: return
+    try: c[0].execute(f"DELETE FROM {_TABLE} WHERE compiler = ? AND src_sha256 = ?", (key, _digest(src)))
+    except sqlite3.Error as e: _failed(c[2], e)
 
 
 def _cache_put(key: str, src: str, lib: bytes) -> None:
-  path = cache_path()
   with _lock:
-    if (conn := _connect(path)) is None: return
-    try: conn.execute(f"INSERT OR REPLACE INTO {_TABLE} (compiler, src_sha256, lib) VALUES (?, ?, ?)", (key, _digest(src), lib))
-    except sqlite3.Error as e: _disable(path, e)
+    if (c := _connect()) is None: return
+    conn, secret, path = c
+    sha = _digest(src)
+    try:
+      cap = diskcache.cap_bytes()
+      if len(lib) > cap: return  # would evict everything else and itself
+      conn.execute(f"INSERT OR REPLACE INTO {_TABLE} (compiler, src_sha256, lib, mac, size, used) VALUES (?, ?, ?, ?, ?, ?)",
+                   (key, sha, lib, diskcache.digest(secret, key.encode(), sha.encode(), lib), len(lib), time.time()))
+      _evict(conn, cap)
+    except sqlite3.Error as e: _failed(path, e)
+
+
+def _evict(conn: sqlite3.Connection, cap: int) -> None:
+  """Delete the least recently used entries until the binaries fit in `cap` bytes."""
+  excess = (conn.execute(f"SELECT COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone()[0] or 0) - cap
+  if excess <= 0: return
+  drop: list[int] = []
+  for rowid, size in conn.execute(f"SELECT rowid, size FROM {_TABLE} ORDER BY used ASC"):
+    if excess <= 0: break
+    drop.append(rowid)
+    excess -= size
+  conn.executemany(f"DELETE FROM {_TABLE} WHERE rowid = ?", [(r,) for r in drop])

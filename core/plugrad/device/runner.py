@@ -33,13 +33,21 @@ class ProgramRunner:
       src = self.dev.renderer.render(p)
       if not isinstance(src, str): raise PluginHookError(f"{type(self.dev.renderer).__name__}.render must return a str, got {type(src).__name__}")
       p = p.with_source(src)
-    if p.stage == "source": p = p.with_binary(self.dev.compiler.compile_cached(p.source, p.name))
-    self.program: Any = p
     self.name, self.device = p.name, self.dev.name
+    if p.stage == "source":
+      # through load_cached: a cached binary that fails to load is dropped and compiled again (device/compiler.py)
+      def load(lib: bytes) -> tuple[Any, Any]:
+        q = p.with_binary(lib)
+        return q, self._load(q)
+      p, self.lib = self.dev.compiler.load_cached(p.source, p.name, load)
+    else: self.lib = self._load(p)
+    self.program: Any = p
     self._bufs = [(dt, g.dtype.size) for g, (dt, _) in zip(p.buffers, p.signature)]
     self._vars = [v.arg for v in p.vars]
     self._static_dims = None if self._vars else p.launch_dims({})
-    try: self.lib = self.dev.runtime.load(p)
+
+  def _load(self, p: Any) -> Any:
+    try: return self.dev.runtime.load(p)
     except DeviceError: raise
     except Exception as e: raise self._error("failed to load", e) from e
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from plugrad.device.buffer import Buffer
 from plugrad.dtype import dtypes
+from plugrad.helpers import getenv
 from plugrad.renderer.base import Renderer
 from plugrad.uop.program import ProgramUOp
 
@@ -35,7 +36,7 @@ class DeviceTimer:
     if len(programs) == 1 or "fork" not in multiprocessing.get_all_start_methods():
       return [self._one(comp, p.source) for p in programs]
     _compiler[:] = [comp]
-    n = int(os.environ.get("BEAM_WORKERS", "0")) or len(os.sched_getaffinity(0))
+    n = getenv("BEAM_WORKERS", 0, minimum=0) or len(os.sched_getaffinity(0))
     pool = multiprocessing.get_context("fork").Pool(max(1, min(n, len(programs))))
     try:
       futs = [pool.apply_async(_compile, (p.source,)) for p in programs]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,14 +36,14 @@ from plugrad.device.graph import GraphError, GraphKernel, GraphRunner, check_gra
 from plugrad.device.registry import Device
 from plugrad.engine.buffers import buffer_like, buffer_of
 from plugrad.engine.memory import MemoryPlan, plan_memory
-from plugrad.engine.realize import ExecItem, capture
+from plugrad.engine.realize import ENGINE_LOCK, ExecItem, capture
 from plugrad.helpers import DEBUG, ContextVar
 from plugrad.uop.ops import Ops, UOp
 
 __all__ = ["JIT", "JIT_BATCH_SIZE", "GraphError", "GraphKernel", "GraphRunner", "JitError", "JitInputError", "TinyJit"]
 
-JIT = ContextVar("JIT", 1)                 # 0: TinyJit just calls the function; 2: replay without graph runners
-JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # kernels in the first graph batch (each next batch doubles)
+JIT = ContextVar("JIT", 1, (0, 1, 2))    # 0: TinyJit just calls the function; 2: replay without graph runners
+JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32, minimum=1)  # kernels in the first graph batch (each next batch doubles)
 
 R = TypeVar("R")
 _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD, Ops.FLIP})
@@ -248,10 +249,11 @@ class CapturedJit:
   def replay(self, call: _Call) -> Any:
     self.check(call)
     var_vals = {**self.var_vals, **call.var_vals} if call.var_vals else self.var_vals
-    fresh = [buffer_like(b) for b in self.fresh_outputs]
-    slots = [buffer_of(b).ensure_allocated() for _, b in call.inputs] + [buffer_of(b).ensure_allocated() for b in fresh]
-    for step in self.steps: step(slots, var_vals)
-    for dev in self.devices: dev.synchronize()
+    with ENGINE_LOCK:  # not interleaved with another thread's realize or replay (the runners and allocators are shared)
+      fresh = [buffer_like(b) for b in self.fresh_outputs]
+      slots = [buffer_of(b).ensure_allocated() for _, b in call.inputs] + [buffer_of(b).ensure_allocated() for b in fresh]
+      for step in self.steps: step(slots, var_vals)
+      for dev in self.devices: dev.synchronize()
     slot_uops = [b for _, b in call.inputs] + fresh
     outs = iter(self.outputs)
     def rebuild(_: Any) -> Any: return next(outs).rebuild(slot_uops, var_vals)
@@ -365,6 +367,8 @@ class TinyJit(Generic[R]):
   def reset(self) -> None:
     self.calls = 0
     self.captured: CapturedJit | None = None
+    # the first two calls of one TinyJit run one at a time (threads that call it meanwhile wait, then replay)
+    self._lock = threading.RLock()
 
   def __get__(self, obj: Any, objtype: Any = None) -> Any:
     """As a method decorator: one TinyJit per instance (each instance has its own state to capture)."""
@@ -376,7 +380,11 @@ class TinyJit(Generic[R]):
   def __call__(self, *args: Any, **kwargs: Any) -> R:
     if not JIT: return self.fxn(*args, **kwargs)
     call = _Call(args, kwargs)
-    if self.captured is not None: return self.captured.replay(call)
+    if (captured := self.captured) is not None: return captured.replay(call)
+    with self._lock: return self._call_unjitted(call, args, kwargs)
+
+  def _call_unjitted(self, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    if self.captured is not None: return self.captured.replay(call)  # captured by another thread while this one waited
     if self.calls == 0:
       ret = self.fxn(*args, **kwargs)
       if outs := _tensors(ret): outs[0].realize(*outs[1:])

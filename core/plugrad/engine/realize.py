@@ -3,10 +3,15 @@
 Every launch goes through an `ExecItem`, the unit the JIT records: while `capture()` is active, each item run is
 also appended to the capture list, with weak references to the BUFFERs it freshly created (so the JIT can tell
 intermediates, which nobody holds after the call, from results the caller keeps).
+
+Threads (docs/security.md, "Threads"): captures are per thread (a stack per thread, so only the innermost capture of
+the thread that launches records), and `ENGINE_LOCK` serializes scheduling and running: one realize or JIT replay at a
+time in the process, which also guards the schedule, codegen and runner caches.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +25,16 @@ from plugrad.engine.schedule import ScheduleItem, create_schedule
 from plugrad.uop.ops import Ops, UOp
 
 _runners: dict[UOp, ProgramRunner] = {}
-_captures: list[list[ExecItem]] = []
+# reentrant: Tensor.realize holds it around realize() and its own bookkeeping, and a JIT capture realizes inside a call
+ENGINE_LOCK = threading.RLock()
+
+
+class _Captures(threading.local):
+  # each thread's stack of active captures: another thread's eager kernels must not land in a TinyJit being recorded
+  def __init__(self) -> None: self.stack: list[list[ExecItem]] = []
+
+
+_captures = _Captures()
 
 
 @dataclass(eq=False)
@@ -66,21 +80,25 @@ def exec_item(it: ScheduleItem) -> ExecItem:
 def capture() -> Iterator[list[ExecItem]]:
   """Record every ExecItem run inside the block (they still run) into the yielded list."""
   items: list[ExecItem] = []
-  _captures.append(items)
+  stack = _captures.stack
+  stack.append(items)
   try: yield items
-  finally: _captures.pop()
+  finally: stack.pop()
 
 
 def run_schedule(items: list[ScheduleItem], wait: bool = False) -> None:
-  for it in items:
-    ei = exec_item(it)
-    ei.run(wait=wait)
-    if _captures: _captures[-1].append(ei)
-  for dev in {it.device for it in items}: Device[dev].synchronize()
+  stack = _captures.stack
+  with ENGINE_LOCK:
+    for it in items:
+      ei = exec_item(it)
+      ei.run(wait=wait)
+      if stack: stack[-1].append(ei)
+    for dev in {it.device for it in items}: Device[dev].synchronize()
 
 
 def realize(*uops: UOp) -> dict[UOp, UOp]:
   """Compute the given tensor-graph UOps; returns each realized node's replacement (its buffer, reshaped)."""
-  items, becomes = create_schedule(*uops)
-  run_schedule(items)
+  with ENGINE_LOCK:
+    items, becomes = create_schedule(*uops)
+    run_schedule(items)
   return becomes

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,7 +201,7 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
     for g in new: realize[g] = None
 
 
-ROW_FUSE = ContextVar("ROW_FUSE", 1)  # row statistics fused into their consumer: 0 never, 1 on devices without workgroups, 2 always
+ROW_FUSE = ContextVar("ROW_FUSE", 1, (0, 1, 2))  # row statistics fused into their consumer: 0 never, 1 on devices without workgroups, 2 always
 
 
 def _fuse_rows(sink: UOp) -> bool:
@@ -252,7 +253,7 @@ def _owned_top(red: UOp, children: dict[UOp, list[UOp]], realize: dict[UOp, None
   return last
 
 
-RECOMPUTE_MAX = ContextVar("RECOMPUTE_MAX", 16)
+RECOMPUTE_MAX = ContextVar("RECOMPUTE_MAX", 16, minimum=0)
 
 
 def _alu_count(u: UOp, realize: dict[UOp, None], limit: int) -> int:
@@ -411,9 +412,20 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
       bvar, bval = b.unbind()
       k.var_vals[bvar.arg[0]] = bval
     ast = ast.substitute({b: b.src[0] for b in binds})
-  ast = graph_rewrite(ast, symbolic, name="index simplification")
+  return _finish(graph_rewrite(ast, symbolic, name="index simplification"), k, out)
+
+
+def _finish(ast: UOp, k: _Kernel, out: UOp) -> tuple[UOp, tuple[UOp, ...], dict[str, int], frozenset[UOp]]:
+  """The kernel's AST, buffers (slot order), variables and leaf reads, taken from the simplified AST: simplification
+  drops loads that cannot be reached (a PAD's gate that is always false, `x ^ x`, a one-element sort's compares), and a
+  buffer the kernel no longer reads must not be passed to it. The slots left are renumbered densely, the output first."""
+  live = {u.arg for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}
+  kept = [(b, g) for b, g in k.globals.items() if g.arg in live]
+  if len(kept) < len(k.globals):
+    ast = ast.substitute({g: g.replace(arg=i) for i, (_, g) in enumerate(kept) if g.arg != i})
+  bufs = tuple(b for b, _ in kept)
   maybe_check("kernel", ast)
-  return ast, tuple(k.globals), k.var_vals, frozenset(k.leaf_reads - {out})
+  return ast, bufs, k.var_vals, frozenset(k.leaf_reads.intersection(bufs) - {out})
 
 
 _SCATTER_COMBINE = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": lambda a, b: a.maximum(b),
@@ -444,9 +456,8 @@ def _build_scatter(u: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, tup
   if (serial := ranges[axis]) is not None: body = UOp(Ops.END, dtypes.void, (body, serial))
   if par := [r for a, r in enumerate(ranges) if r is not None and a != axis]: body = UOp(Ops.END, dtypes.void, (body, *par))
   name = "scatter_" + _kernel_name(shape, False)[2:]
-  ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, opts_to_apply=())), symbolic, name="index simplification")
-  maybe_check("kernel", ast)
-  return ast, tuple(k.globals), k.var_vals, frozenset(k.leaf_reads - {out})
+  ast = UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, opts_to_apply=()))
+  return _finish(graph_rewrite(ast, symbolic, name="index simplification"), k, out)
 
 
 def _aliased_reads(ast: UOp, out_slot: int = 0) -> bool:
@@ -472,17 +483,21 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   topo = list(sink.toposort)
   leaves = [u for u in topo if u.op is Ops.BUFFER]
   key = (sink.substitute({b: _stand_in(b, i) for i, b in enumerate(leaves)}), bool(SPLIT_REDUCE), RECOMPUTE_MAX.value, ROW_FUSE.value)
-  if (hit := _cache.get(key)) is None:
+  with _cache_lock:  # the OrderedDict's reordering and eviction are not atomic (Tensor.schedule() runs outside the engine lock)
+    if (hit := _cache.get(key)) is not None: _cache.move_to_end(key)
+  if hit is None:
     items, becomes = _create_schedule(sink)
-    _cache[key] = hit = _template(items, becomes, topo, leaves)
-    if len(_cache) > SCHEDULE_CACHE_SIZE: del _cache[next(iter(_cache))]
-  else: _cache.move_to_end(key)
+    hit = _template(items, becomes, topo, leaves)
+    with _cache_lock:
+      _cache[key] = hit
+      if len(_cache) > SCHEDULE_CACHE_SIZE: del _cache[next(iter(_cache))]
   return hit.instantiate(topo, leaves)
 
 
-SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
+SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1, (0, 1))
 SCHEDULE_CACHE_SIZE = 512  # graph forms kept (oldest dropped first)
 _cache: OrderedDict[tuple[UOp, bool, int, int], _Template] = OrderedDict()  # (graph form, SPLIT_REDUCE, RECOMPUTE_MAX, ROW_FUSE)
+_cache_lock = threading.Lock()
 
 
 def _stand_in(buf: UOp, i: int) -> UOp:
@@ -520,7 +535,7 @@ def _template(items: list[ScheduleItem], becomes: dict[UOp, UOp], topo: list[UOp
                                  it.in_place, it.outs) for it in items], {pos[u]: sub(v) for u, v in becomes.items()}, new)
 
 
-SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 1)
+SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 1, (0, 1))
 SPLIT_MIN_REDUCE = 4096   # elements reduced per output before a reduction is split (shorter ones are not worth a kernel)
 SPLIT_MAX_OUTPUTS = 1024  # outputs below which a long reduction is split (more outputs already give every thread rows)
 SPLIT_WAYS = (32, 16, 8)  # partial results per output, largest first (the first stage's parallel loop)

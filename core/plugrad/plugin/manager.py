@@ -30,6 +30,7 @@ from plugrad.errors import (
   PluginLoadError,
   UnknownDeviceError,
 )
+from plugrad.helpers import SettingsError
 from plugrad.plugin import hookspecs
 from plugrad.plugin.hookspecs import API_VERSION, PROJECT_NAME, DeviceSpec
 
@@ -65,7 +66,7 @@ def _env_flag(env: Mapping[str, str], key: str) -> bool:
   raw = env.get(key, "").strip()
   if raw in ("", "0"): return False
   if raw == "1": return True
-  raise ValueError(f"{key} must be 0 or 1, got {raw!r} (see docs/env-vars.md)")
+  raise SettingsError(f"{key} must be 0 or 1, got {raw!r} (see docs/env-vars.md)")
 
 
 def _installed_entry_points() -> list[EntryPointLike]: return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
@@ -343,7 +344,7 @@ class PluginManager:
     for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
       rec = self._by_regname[impl.plugin_name]
       try: ret = impl.function(*[args[a] for a in impl.argnames])
-      except DeviceError: raise  # already typed by the plugin (unavailable driver, ...)
+      except (DeviceError, SettingsError): raise  # already typed by the plugin (unavailable driver, a bad THREADS, ...)
       except Exception as e:
         raise PluginHookError(f"{hook}({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
       if ret is not None: return ret, rec

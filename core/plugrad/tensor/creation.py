@@ -11,6 +11,7 @@ from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
 from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.shape import ShapeError
 
 if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
@@ -161,7 +162,7 @@ def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor,
   if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
   ts = [t.reshape(-1) if t.ndim == 0 else t for t in (self, *args)]
   for t in ts:
-    if t.ndim != 1: raise ValueError(f"meshgrid takes 0-d or 1-d tensors, got shape {t.shape}")
+    if t.ndim != 1: raise ShapeError(f"meshgrid takes 0-d or 1-d tensors, got shape {t.shape}")
   sizes = [t.shape[0] for t in ts]
   if indexing == "xy" and len(ts) >= 2: sizes[0], sizes[1] = sizes[1], sizes[0]
   out = []

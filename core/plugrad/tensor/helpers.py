@@ -42,7 +42,7 @@ def resolve_dim(shape: Shape, dim: int, extra: bool = False) -> int:
 
 def resolve_dims(shape: Shape, dims: Sequence[int], what: str) -> tuple[int, ...]:
   out = tuple(resolve_dim(shape, d) for d in dims)
-  if len(set(out)) != len(out): raise ValueError(f"{what}: dimension {list(dims)} repeats an axis of shape {fmt(shape)}")
+  if len(set(out)) != len(out): raise ShapeError(f"{what}: dimension {list(dims)} repeats an axis of shape {fmt(shape)}")
   return out
 
 

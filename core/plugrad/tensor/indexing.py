@@ -296,7 +296,7 @@ def _identity(reduce: str, dt: DType) -> Any:
 
 def _triangle(x: Tensor, diagonal: int, lower: bool) -> Tensor:
   from plugrad.tensor.tensor import Tensor
-  if x.ndim < 2: raise ValueError(f"{'tril' if lower else 'triu'} needs at least 2 dims, got shape {fmt(x.shape)}")
+  if x.ndim < 2: raise ShapeError(f"{'tril' if lower else 'triu'} needs at least 2 dims, got shape {fmt(x.shape)}")
   r, c = ints(x.shape[-2:], "tril/triu")
   diff = Tensor.arange(c, device=x.device).unsqueeze(0) - Tensor.arange(r, device=x.device).unsqueeze(1)  # j - i
   keep = diff <= diagonal if lower else diff >= diagonal
@@ -419,7 +419,7 @@ def triu(self: Tensor, diagonal: int = 0) -> Tensor:
 def diag(self: Tensor) -> Tensor:
   """A 1-d tensor → the square matrix with it on the diagonal (a view: pad and reshape); a 2-d one → its diagonal."""
   if self.ndim == 2: return self.diagonal()
-  if self.ndim != 1: raise ValueError(f"diag needs a 1-d or 2-d tensor, got shape {fmt(self.shape)}")
+  if self.ndim != 1: raise ShapeError(f"diag needs a 1-d or 2-d tensor, got shape {fmt(self.shape)}")
   n = self.shape[0]
   # each value followed by n zeros, read back n per row: the values land on the diagonal
   return self.unsqueeze(-1).pad(((0, 0), (0, n))).flatten().shrink(((0, n * n),)).reshape(n, n)
@@ -428,7 +428,7 @@ def diag(self: Tensor) -> Tensor:
 def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
   """The diagonal (`offset` above the main one, negative below) of dims dim1 and dim2, as a new last dim (a view)."""
   d1, d2 = resolve_dim(dim1, self.ndim, "diagonal"), resolve_dim(dim2, self.ndim, "diagonal")
-  if d1 == d2: raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {d1}")
+  if d1 == d2: raise ShapeError(f"diagonal: dim1 and dim2 must differ, both are {d1}")
   x = self.permute(*[i for i in range(self.ndim) if i not in (d1, d2)], d1, d2)
   *pre, r, c = x.shape
   r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)

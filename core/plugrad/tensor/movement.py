@@ -140,7 +140,7 @@ def flip(self: Tensor, axis: Any, *args: Any) -> Tensor:
 def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
   if self.ndim == 0: return self.reshape(1)
   start, end = resolve_dim(self.shape, start_dim), resolve_dim(self.shape, end_dim)
-  if start > end: raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for shape {fmt(self.shape)}")
+  if start > end: raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for shape {fmt(self.shape)}")
   return self.reshape(self.shape[:start] + (prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
 
 
@@ -198,7 +198,7 @@ def split(self: Tensor, sizes: int | Any, dim: int = 0) -> tuple[Tensor, ...]:
     sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
   sizes = list(sizes)
   if sum(sizes) != n or any(s < 0 for s in sizes):
-    raise ValueError(f"split: sizes {sizes} must be >= 0 and add up to {n}, the size of axis {dim} of shape {fmt(self.shape)}")
+    raise ShapeError(f"split: sizes {sizes} must be >= 0 and add up to {n}, the size of axis {dim} of shape {fmt(self.shape)}")
   starts = [sum(sizes[:i]) for i in range(len(sizes))]
   return tuple(_slice(self, d, s, s + k) for s, k in zip(starts, sizes))
 
@@ -230,7 +230,7 @@ def repeat_interleave(self: Tensor, repeats: int, dim: int | None = None) -> Ten
 def roll(self: Tensor, shifts: int | tuple[int, ...], dims: int | tuple[int, ...] | None = None) -> Tensor:
   if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
   sh, ds = (shifts,) if isinstance(shifts, int) else tuple(shifts), (dims,) if isinstance(dims, int) else tuple(dims)
-  if len(sh) != len(ds): raise ValueError(f"roll: {len(sh)} shifts for {len(ds)} dims")
+  if len(sh) != len(ds): raise ShapeError(f"roll: {len(sh)} shifts for {len(ds)} dims")
   x = self
   for s, d in zip(sh, ds):
     d = resolve_dim(x.shape, d)

@@ -429,7 +429,7 @@ def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike 
   formula = formula.replace(" ", "")
   lhs, arrow, rhs = formula.partition("->")
   inputs = lhs.split(",")
-  if len(inputs) != len(xs): raise ValueError(f"einsum: '{formula}' has {len(inputs)} operands, got {len(xs)}")
+  if len(inputs) != len(xs): raise ShapeError(f"einsum: '{formula}' has {len(inputs)} operands, got {len(xs)}")
   if any(c not in string.ascii_letters + "." for c in lhs.replace(",", "") + rhs): raise ValueError(f"einsum: bad formula '{formula}'")
   free = [c for c in string.ascii_letters if c not in formula]
   ell_n = 0
@@ -456,7 +456,7 @@ def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike 
       if sizes.setdefault(c, n) != n and 1 not in (sizes[c], n):
         raise ShapeError(f"einsum: '{c}' has size {sizes[c]} in one operand and {n} in operand {j} {fmt(x.shape)}")
       sizes[c] = max(sizes[c], n)
-  if len(set(rhs)) != len(rhs) or any(c not in sizes for c in rhs): raise ValueError(f"einsum: bad output '{rhs}' in '{formula}'")
+  if len(set(rhs)) != len(rhs) or any(c not in sizes for c in rhs): raise ShapeError(f"einsum: bad output '{rhs}' in '{formula}'")
   alpha = sorted(sizes)
   aligned = [x.permute(tuple(argsort(list(s)))).reshape(tuple(x.shape[s.index(c)] if c in s else 1 for c in alpha)) for s, x in zip(inputs, xs)]
   prod_ = aligned[0]

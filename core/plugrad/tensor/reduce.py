@@ -27,11 +27,9 @@ def _axes(self: Tensor, axis: Axis, what: str) -> tuple[int, ...]:
 
 def _reduce(self: Tensor, op: Ops, axis: Axis, keepdim: bool, what: str) -> Tensor:
   axes = _axes(self, axis, what)
-  kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-  if builtins.any(self.shape[a] == 0 for a in axes):  # an empty reduction is the op's identity
-    identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(self.dtype)}[op]
-    ret = self._wrap(const_uop(identity, self.dtype, self.device, kept))
-  else: ret = self._wrap(self.uop.reduce_axis(op, axes))
+  # an empty reduction stays a REDUCE_AXIS (its kernel stores the op's identity), not a constant: the graph keeps its
+  # source, so the source still gets its (zero) gradient
+  ret = self._wrap(self.uop.reduce_axis(op, axes))
   return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
 
@@ -103,7 +101,7 @@ def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tens
   (a,) = _axes(self, axis, "argmax") or (0,)
   if self.ndim == 0: return self._wrap(const_uop(0, dtypes.int32, self.device, ()))
   n = ints(self.shape, "argmax")[a]
-  if n == 0: raise ValueError(f"argmax of an empty axis {axis} (shape {fmt(self.shape)})")
+  if n == 0: raise ShapeError(f"argmax of an empty axis {axis} (shape {fmt(self.shape)})")
   hit = self.eq(self.max(a, keepdim=True))
   if dtypes.is_float(self.dtype): hit = hit | self.isnan()
   # descending indices n..1, so the max over the hits picks the first one

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from plugrad.dtype import dtypes
 from plugrad.tensor.helpers import ints
 from plugrad.tensor.indexing import pad_constant, pool, resolve_dim, select_sum
-from plugrad.uop.shape import fmt
+from plugrad.uop.shape import ShapeError, fmt
 
 if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
@@ -156,7 +156,7 @@ def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted_: boo
   from plugrad.tensor.tensor import Tensor
   dim = resolve_dim(dim, self.ndim, "topk")
   n = ints(self.shape, "topk")[dim] if self.ndim else 1
-  if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k!r} is out of range for dim {dim} of shape {fmt(self.shape)}")
+  if not isinstance(k, int) or not 0 <= k <= n: raise ShapeError(f"topk: k={k!r} is out of range for dim {dim} of shape {fmt(self.shape)}")
   if self.ndim == 0: return self, Tensor.zeros((), dtype=dtypes.int32, device=self.device, buffer=False)
   return _sorted(self, dim, largest, k)
 

@@ -8,6 +8,7 @@ the semantics and where they differ from numpy and PyTorch.
 from __future__ import annotations
 
 import builtins
+import threading
 import weakref
 from typing import Any, ClassVar
 
@@ -34,18 +35,29 @@ _live: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # realized result → the graph it was computed from, kept while the result lives when that graph depends on a tensor with
 # requires_grad, so `loss.item(); loss.backward()` still differentiates (as in PyTorch, the graph lives as long as its output)
 _origins: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# a WeakSet iterated while another thread adds to it raises "Set changed size during iteration": adds and snapshots
+# take this lock (a dead tensor's removal is deferred by the WeakSet itself while a snapshot iterates)
+_live_lock = threading.RLock()  # reentrant: a finalizer run by the GC inside the lock may make a Tensor
+
+
+def _track(t: Tensor) -> None:
+  with _live_lock: _live.add(t)
+
+
+def _live_tensors() -> list[Tensor]:
+  with _live_lock: return list(_live)
 
 
 def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
   if not mapping: return
   for result, graph in list(_origins.items()):  # recorded graphs see this realize too (a leaf in them may just have been realized)
     if any(k in graph.toposort for k in mapping): _origins[result] = graph.substitute(mapping)
-  if leaves := {t.uop for t in list(_live) if t.requires_grad}:
+  if leaves := {t.uop for t in _live_tensors() if t.requires_grad}:
     for node, result in mapping.items():
       topo = node.toposort
       if node.op is not Ops.ASSIGN and result not in topo and any(leaf in topo and leaf is not node for leaf in leaves):
         _origins[result] = node.substitute({k: v for k, v in mapping.items() if k is not node})
-  for t in list(_live):
+  for t in _live_tensors():
     topo = t.uop.toposort
     if any(k in topo for k in mapping): t.uop = t.uop.substitute(mapping)
 
@@ -83,7 +95,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if dt is not None and uop.dtype is not dt: uop = uop.cast(dt)
     if uop.dtype in cr.MAY_LACK: cr.require_dtype(uop.tensor_device, uop.dtype)
     self.uop, self.requires_grad, self.grad = uop, requires_grad, None
-    _live.add(self)
+    _track(self)
 
   @classmethod
   def _wrap(cls, uop: UOp) -> Tensor:
@@ -92,7 +104,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if uop.dtype in cr.MAY_LACK: cr.require_dtype(uop.tensor_device, uop.dtype)
     t = object.__new__(cls)
     t.uop, t.requires_grad, t.grad = uop, None, None
-    _live.add(t)
+    _track(t)
     return t
 
   # ---- properties
@@ -127,14 +139,17 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   # ---- realization and data
   def realize(self, *lst: Tensor) -> Tensor:
     """Compute this tensor (and `lst`) now; every live tensor that shares a computed node then uses its buffer."""
+    from plugrad.engine.realize import ENGINE_LOCK
     from plugrad.engine.realize import realize as run
     def pending() -> list[UOp]: return dedup(t.uop for t in (self, *lst) if not is_buffer_form(t.uop))
     if not (todo := pending()): return self
-    # lazy tensors that read a buffer before one of these assigns overwrites it are computed first
-    if readers := _old_value_readers(todo):
-      _apply_mapping(run(*readers))
-      todo = pending()
-    if todo: _apply_mapping(run(*todo))
+    with ENGINE_LOCK:  # one realize at a time: another thread's may have computed (and mapped) part of this graph meanwhile
+      if not (todo := pending()): return self
+      # lazy tensors that read a buffer before one of these assigns overwrites it are computed first
+      if readers := _old_value_readers(todo):
+        _apply_mapping(run(*readers))
+        todo = pending()
+      if todo: _apply_mapping(run(*todo))
     return self
 
   def schedule(self, *lst: Tensor) -> list[Any]:
@@ -158,7 +173,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   def tolist(self) -> Any: return self.numpy().tolist()
 
   def item(self) -> Any:
-    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {fmt(self.shape)}")
+    if self.numel() != 1: raise ShapeError(f"item() needs a tensor with one element, got shape {fmt(self.shape)}")
     return self.numpy().reshape(()).item()
 
   # ---- devices, copies, dtypes
@@ -242,7 +257,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     want = [nodes.get(t.uop, t.uop) for t in targets]
     grads = compute_gradient(root, seed.uop, want)
     if missing := [i for i, u in enumerate(want) if u not in grads]:
-      raise GradientError(f"gradient: target(s) {missing} are not part of this tensor's graph (or only through detach / integer ops)")
+      raise GradientError(f"gradient: target(s) {missing} are not part of this tensor's graph (or only through detach)")
     back = {n: r for r, n in nodes.items()}
     return [Tensor._wrap(grads[u].substitute(back)) for u in want]
 
@@ -252,7 +267,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     seed = self._seed(gradient, "backward")
     root, nodes = _differentiable(self.uop)
     topo = root.toposort
-    if not (targets := [(t, u) for t in list(_live) if t.requires_grad and (u := nodes.get(t.uop, t.uop)) in topo]):
+    if not (targets := [(t, u) for t in _live_tensors() if t.requires_grad and (u := nodes.get(t.uop, t.uop)) in topo]):
       raise GradientError("backward(): no tensor with requires_grad=True is part of this tensor's graph")
     grads = compute_gradient(root, seed.uop, dedup(u for _, u in targets))
     back = {n: r for r, n in nodes.items()}
@@ -366,7 +381,7 @@ def _old_value_readers(todo: list[UOp]) -> list[UOp]:
   written = {_base(a.src[0]) for a in assigns}
   wanted = set(todo)
   out = []
-  for t in list(_live):
+  for t in _live_tensors():
     u = t.uop
     if u in wanted or is_buffer_form(u): continue
     topo = u.toposort

@@ -10,8 +10,9 @@ from plugrad.uop.ops import GroupOp, Ops, UOp, sint
 Shape = tuple[sint, ...]
 
 
-class ShapeError(ValueError):
-  """Shapes that do not fit an operation; the message names the op and both shapes."""
+class ShapeError(ValueError, RuntimeError):
+  """Shapes that do not fit an operation; the message names the op and both shapes. A RuntimeError as well, which is
+  what PyTorch raises for a shape mismatch, so code written for either catches it."""
 
 
 def _eq(a: sint, b: sint) -> bool:

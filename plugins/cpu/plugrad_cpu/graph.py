@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from plugrad.backend import Buffer, Device, GraphError, GraphKernel, GraphRunner
 from plugrad_cpu import native_pool, tiering
@@ -71,8 +72,10 @@ class CPUGraph(GraphRunner):
       since = {j} if barriers[-1] else since | {j}
     compiler = Device[self.device].compiler
     if not isinstance(compiler, CPUCompiler): compiler = CPUCompiler(toolchain())  # CPU_LLVM=1: the wrapper is C all the same
-    self.lib = load_shared(compiler.compile_cached(_source(self.progs, barriers), f"graph of {len(progs)} kernels"))
-    self.fn = self.lib.plugrad_graph
+    def load(binary: bytes) -> tuple[Any, Any]:
+      lib = load_shared(binary)
+      return lib, lib.plugrad_graph
+    self.lib, self.fn = compiler.load_cached(_source(self.progs, barriers), f"graph of {len(progs)} kernels", load)
     self.fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
     self.fn.restype = None
     nbufs = [len(k.bufs) for k in self.kernels]

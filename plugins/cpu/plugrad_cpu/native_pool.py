@@ -104,12 +104,14 @@ def _load() -> Any:
       from plugrad_cpu.compiler import CPUCompiler
       from plugrad_cpu.runtime import load_shared
       from plugrad_cpu.toolchain import toolchain
-      lib = load_shared(CPUCompiler(toolchain()).compile_cached(_SRC, "plugrad native pool"))
-      lib.plugrad_pool_run.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
-      lib.plugrad_pool_run.restype = ctypes.c_int
-      lib.plugrad_pool_after_fork.argtypes, lib.plugrad_pool_after_fork.restype = [], None
-      lib.plugrad_wait.argtypes, lib.plugrad_wait.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong], ctypes.c_int
-      _lib = lib
+      def load(binary: bytes) -> Any:  # a cached library lacking a function is dropped and compiled again (load_cached)
+        lib = load_shared(binary)
+        lib.plugrad_pool_run.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
+        lib.plugrad_pool_run.restype = ctypes.c_int
+        lib.plugrad_pool_after_fork.argtypes, lib.plugrad_pool_after_fork.restype = [], None
+        lib.plugrad_wait.argtypes, lib.plugrad_wait.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong], ctypes.c_int
+        return lib
+      _lib = CPUCompiler(toolchain()).load_cached(_SRC, "plugrad native pool", load)
     return _lib
 
 

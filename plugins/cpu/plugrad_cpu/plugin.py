@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from plugrad.backend import DeviceSpec, device_name, hookimpl
+from plugrad.backend import DeviceSpec, SettingsError, device_name, hookimpl
 
 NAME = "CPU"
 NO_LLVMLITE = "CPU_LLVM=1 needs llvmlite (pip install llvmlite, or pip install plugrad-cpu[llvm])"
@@ -23,7 +23,7 @@ def llvm_mode(env: dict[str, str] | None = None) -> bool:
   Any other value is a ValueError."""
   raw = (os.environ if env is None else env).get("CPU_LLVM", "").strip()
   if raw not in ("", "0", "1"):
-    raise ValueError(f"CPU_LLVM must be 0 or 1 (1: compile kernels in-process with LLVM, 0: with the C compiler), got {raw!r}")
+    raise SettingsError(f"CPU_LLVM must be 0 or 1 (1: compile kernels in-process with LLVM, 0: with the C compiler), got {raw!r}")
   return raw == "1" or (raw == "" and _has_llvmlite())
 
 
@@ -56,7 +56,10 @@ def plugrad_devices() -> list[DeviceSpec]:
 @hookimpl
 def plugrad_renderer(device: str) -> Any:
   if device_name(device) != NAME: return None
+  from plugrad_cpu import tiering
+  from plugrad_cpu.runtime import default_threads
   from plugrad_cpu.toolchain import toolchain
+  tiering.enabled(), default_threads()  # the device's first use: a bad CPU_TIER or THREADS fails here, not at a later launch
   tc = toolchain()
   if llvm_mode():
     _need_llvmlite()

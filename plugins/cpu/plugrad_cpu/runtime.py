@@ -14,10 +14,11 @@ import queue
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from plugrad.backend import Dims, LaunchError, Runtime, UOp, c_identifier, dtypes
+from plugrad.backend import Dims, LaunchError, Runtime, SettingsError, UOp, c_identifier, dtypes
 from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.allocator import CPUBuffer
 from plugrad_cpu.renderer import PARALLEL_MARK
@@ -27,13 +28,18 @@ WORK_PER_THREAD = 1 << 20  # ops + bytes moved per thread (about 100 us of work)
 
 
 def default_threads(env: dict[str, str] | None = None) -> int:
-  """THREADS, else every core this process may run on."""
+  """THREADS, else every core this process may run on. A bad THREADS is a SettingsError; more than twice the
+  machine's cores (at least 8) is capped there with a warning (each thread is an OS thread, and more only time-slice)."""
   raw = (os.environ if env is None else env).get("THREADS", "").strip()
-  if raw:
-    if not raw.isdigit() or int(raw) < 1: raise ValueError(f"THREADS must be a positive integer, got {raw!r}")
-    return int(raw)
-  try: return len(os.sched_getaffinity(0))
-  except (AttributeError, OSError): return os.cpu_count() or 1
+  if raw and (not raw.isdigit() or int(raw) < 1): raise SettingsError(f"THREADS must be a positive integer, got {raw!r}")
+  n = int(raw or 0)
+  try: cores = len(os.sched_getaffinity(0))
+  except (AttributeError, OSError): cores = os.cpu_count() or 1
+  if not n: return cores
+  if n > (cap := max(2 * max(cores, os.cpu_count() or 1), 8)):
+    warnings.warn(f"THREADS={n} is more than this machine can use ({os.cpu_count()} cores); using {cap} threads", RuntimeWarning, stacklevel=1)
+    return cap
+  return n
 
 
 class _Pool:

@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any
 
-from plugrad.backend import DEBUG
+from plugrad.backend import DEBUG, SettingsError
 
 # launches (or graph replays) before a kernel is recompiled: the background compile competes with the loop for the
 # cores, and the digits CNN's 110 training steps ran 20% longer when every kernel tiered up after 4 (2 cores)
@@ -39,7 +39,8 @@ def settle() -> None:
 
 def enabled(env: dict[str, str] | None = None) -> bool:
   raw = (os.environ if env is None else env).get("CPU_TIER", "").strip()
-  if raw not in ("", "0", "1"): raise ValueError(f"CPU_TIER must be 0 or 1 (1: recompile reused LLVM kernels with the C compiler), got {raw!r}")
+  if raw not in ("", "0", "1"):
+    raise SettingsError(f"CPU_TIER must be 0 or 1 (1: recompile reused LLVM kernels with the C compiler), got {raw!r}")
   return raw != "0"
 
 
@@ -52,8 +53,10 @@ def compile_c(program: Any) -> tuple[Any, Any]:
   from plugrad_cpu.runtime import load_shared
   from plugrad_cpu.toolchain import toolchain
   src = c_renderer(program.device).render(program)
-  lib = load_shared(CPUCompiler(toolchain()).compile_cached(src, program.name))
-  return lib, getattr(lib, c_identifier(program.name))
+  def load(binary: bytes) -> tuple[Any, Any]:
+    lib = load_shared(binary)
+    return lib, getattr(lib, c_identifier(program.name))
+  return CPUCompiler(toolchain()).load_cached(src, program.name, load)
 
 
 # the C code replaces the LLVM code unless the LLVM code is more than 5% faster: ties go to C, because the isolated

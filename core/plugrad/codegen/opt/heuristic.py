@@ -17,12 +17,10 @@ per thread, then LOCAL sizes over the output axes (a kernel left without them ge
 """
 from __future__ import annotations
 
-import os
-
 from plugrad.codegen.expand import _contiguous, _simp, linear_coefficient
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
-from plugrad.helpers import prod
+from plugrad.helpers import getenv, prod
 from plugrad.uop.ops import AxisType, Ops, UOp
 
 
@@ -40,7 +38,7 @@ def _try(k: Scheduler, *opts: Opt) -> bool:
   return True
 
 
-PACK_BUDGET = int(os.environ.get("PACK_BUDGET", 256 << 10))  # bytes of packed panel per tile: a quarter of a typical L2
+PACK_BUDGET = getenv("PACK_BUDGET", 256 << 10, minimum=1)  # bytes of packed panel per tile: a quarter of a typical L2
 PACK_MIN_REUSE = 8      # rows that read each packed value at least (else the copy costs more than it saves)
 
 

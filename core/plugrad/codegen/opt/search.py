@@ -6,7 +6,7 @@ compile under BEAM_TIMEOUT seconds), times them on the device with real buffers 
 itself stays in the running, so the search stops when a step finds nothing faster). The winner is run once more
 next to the unoptimized kernel on the same inputs and must give the same numbers; a candidate that does not is
 dropped with a warning (it is a compiler bug) and the next fastest is checked. The chosen actions are kept on disk
-per (renderer, kernel, n), so the next run applies them at once.
+per (renderer, kernel, n), signed like the compile cache (plugrad/diskcache.py), so the next run applies them at once.
 
 Timing needs the device layer (buffers, compiler, runtime), which sits above the codegen: the caller passes a
 `CandidateTimer` factory (the engine passes `plugrad.device.search.DeviceTimer`); nothing is registered by import.
@@ -16,13 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Protocol
 
+from plugrad import diskcache
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
-from plugrad.helpers import DEBUG, cache_dir, getenv
+from plugrad.helpers import DEBUG, getenv
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import UOp
 from plugrad.uop.program import ProgramUOp, make_program
@@ -72,30 +75,66 @@ def _program(k: Scheduler) -> ProgramUOp | None:
     return None
 
 
-def _cache_path(k: Scheduler, width: int) -> Any:
+def _cache_name(k: Scheduler, width: int) -> str:
   rd = k.renderer
   ident = "|".join([type(rd).__module__, type(rd).__name__, str(rd.device).split(":")[0], str(getattr(rd, "emulate", "")),
                     str(rd.vector_width), str(width), k.ast.to_python()])
-  return cache_dir() / "beam" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+  return hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json"
+
+
+# an entry is "<HMAC hex>\n<JSON>" (plugrad/diskcache.py); anything else, bigger or nested deeper is a miss: a hostile
+# or damaged file must not cost more than a read, nor crash the run (json recurses per nesting level)
+_MAX_ENTRY, _MAX_DEPTH = 64 << 10, 4
+
+
+def _depth(text: str) -> int:
+  depth = most = 0
+  for ch in text:  # the format has no strings holding brackets: op names are identifiers
+    if ch in "[{": most = max(most, depth := depth + 1)
+    elif ch in "]}": depth -= 1
+  return most
 
 
 def cached_actions(k: Scheduler, width: int) -> list[Opt] | None:
-  path = _cache_path(k, width)
-  try: raw = json.loads(path.read_text())
-  except (OSError, ValueError): return None
-  try: return [Opt(OptOps[o], a, n) for o, a, n in raw]
-  except (KeyError, TypeError, ValueError): return None
+  if (d := diskcache.secure_dir()) is None or (key := diskcache.secret(d)) is None: return None
+  name = _cache_name(k, width)
+  path = d / "beam" / name
+  try:
+    if path.stat().st_size > _MAX_ENTRY: return None
+    mac, _, body = path.read_bytes().partition(b"\n")
+    if not diskcache.valid(key, bytes.fromhex(mac.decode("ascii")), name.encode(), body): return None
+    text = body.decode()
+    if _depth(text) > _MAX_DEPTH: return None
+    raw = json.loads(text)
+    out = [Opt(OptOps[o], a, n) for o, a, n in raw]
+    os.utime(path)  # its last use, for the LRU eviction in _store
+  except (OSError, ValueError, UnicodeError, RecursionError, KeyError, TypeError): return None
+  return out
 
 
 def _store(k: Scheduler, width: int, opts: list[Opt]) -> None:
-  path = _cache_path(k, width)
+  if (d := diskcache.secure_dir()) is None or (key := diskcache.secret(d)) is None: return
+  name = _cache_name(k, width)
+  path = d / "beam" / name
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    body = json.dumps([[o.op.name, o.axis, o.amount] for o in opts]).encode()
     tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
-    tmp.write_text(json.dumps([[o.op.name, o.axis, o.amount] for o in opts]))
+    tmp.write_bytes(diskcache.digest(key, name.encode(), body).hex().encode() + b"\n" + body)
     tmp.replace(path)
+    _evict(path.parent, diskcache.cap_bytes())
   except OSError as e:
     if DEBUG >= 1: print(f"BEAM: could not write the cache {path}: {e}", file=sys.stderr)
+
+
+def _evict(beam: Path, cap: int) -> None:
+  """Remove the least recently used entries (by mtime, touched on each hit) until the directory fits in `cap` bytes."""
+  entries = sorted((e.stat().st_mtime, e.stat().st_size, e.path) for e in os.scandir(beam) if e.name.endswith(".json"))
+  excess = sum(size for _, size, _ in entries) - cap
+  for _, size, p in entries:
+    if excess <= 0: break
+    Path(p).unlink(missing_ok=True)
+    excess -= size
 
 
 stats = {"searches": 0, "cache_hits": 0, "candidates": 0}  # what BEAM did in this process (tests and the benchmark read it)
