@@ -2,8 +2,14 @@
 
   python -m plugrad plugins [--json]          every backend plugin: distribution, version, API, status, devices
   python -m plugrad devices [--json] [NAME..] every device (or the named ones): PASS/FAIL of the smoke kernel
+  python -m plugrad viz [--port N] [TRACE]     serve a VIZ trace as a local web page (docs/viz.md)
+  python -m plugrad replay record|check ...    process replay: record get_program inputs, regenerate and diff (docs/replay.md)
+  python -m plugrad export SCRIPT:FUNC --target c|webgpu --out DIR   a model as standalone C or WebGPU (docs/export.md)
 
-Exit status: 0 when nothing failed; 1 when a plugin failed under PLUGRAD_STRICT_PLUGINS=1 (`plugins`) or a device that
+A plugin's status is `active`, `conflict: <name> is also claimed by ...` (its other devices work), `failed: <why>` or
+`blocked (<why>)`.
+
+Exit status: 0 when nothing failed; 1 when a plugin failed or conflicts under PLUGRAD_STRICT_PLUGINS=1 (`plugins`) or a device that
 is usable here (or was named) fails its smoke test (`devices`); 2 for bad arguments (an unknown device name).
 """
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 from plugrad.device.registry import Device
 from plugrad.device.smoke import SmokeResult, run_smoke
 from plugrad.errors import DeviceError, InvalidDeviceStringError, UnknownDeviceError
+from plugrad.helpers import SettingsError
 from plugrad.plugin.hookspecs import API_VERSION, parse_device
 from plugrad.plugin.manager import PluginWarning, core_version
 
@@ -31,6 +38,7 @@ def cmd_plugins(as_json: bool) -> int:
   mgr = Device.manager
   records = mgr.records()
   failed = [r for r in records if r.status == "failed"]
+  conflicts = sorted(mgr.conflicts())
   if as_json:
     print(json.dumps({"plugrad": core_version(), "api": f"{API_VERSION[0]}.{API_VERSION[1]}", "strict": mgr.strict,
                       "plugins": [r.as_dict() for r in records]}, indent=2))
@@ -42,7 +50,10 @@ def cmd_plugins(as_json: bool) -> int:
     print(f"plugrad {core_version()}, plugin API {API_VERSION[0]}.{API_VERSION[1]}")
     print(_table(rows))
     if failed: print(f"\n{len(failed)} plugin(s) failed; the devices they provide raise the recorded error when used.")
-  return 1 if failed and mgr.strict else 0
+    if conflicts:
+      print(f"\n{len(conflicts)} device name(s) claimed by more than one plugin ({', '.join(conflicts)}): using one raises PluginConflictError; "
+            "choose a plugin with PLUGRAD_PLUGINS or uninstall one.")
+  return 1 if (failed or conflicts) and mgr.strict else 0
 
 
 def _device_row(name: str) -> tuple[dict[str, Any], bool]:
@@ -57,7 +68,7 @@ def _device_row(name: str) -> tuple[dict[str, Any], bool]:
   row.update(distribution=entry.plugin.distribution, version=entry.plugin.version, plugin=entry.plugin.name, priority=entry.spec.priority,
              aliases=list(entry.spec.aliases), description=entry.spec.description)
   try: reason = mgr.probe(base)
-  except DeviceError as e:  # a probe that raised: a plugin bug, so it counts as a failure
+  except (DeviceError, SettingsError) as e:  # a probe that raised (a plugin bug) or a misconfigured device: a failure
     row.update(SmokeResult(name, False, f"{type(e).__name__}: {e}", stage="device", error=f"{type(e).__name__}: {e}").as_dict(),
                available=False, probe=None)
     return row, True
@@ -78,9 +89,11 @@ def cmd_devices(as_json: bool, names: Sequence[str]) -> int:
       print(f"plugrad: {e}", file=sys.stderr)
       return 2
     except DeviceError: wanted.append(n.upper())  # declared but unusable (conflict, refused plugin): reported in its row
-  default, default_error = None, None
+  default, default_error, fallback = None, None, []
   try: default = Device.DEFAULT
   except DeviceError as e: default_error = f"{type(e).__name__}: {e}"
+  dev_env = mgr.env.get("DEV", "").strip()
+  if default is not None and not dev_env: fallback = [c.text for c in mgr.fallback_causes(Device.spec(default))]
   rows, failed = [], False
   for name in wanted:
     row, counts = _device_row(name)
@@ -89,17 +102,27 @@ def cmd_devices(as_json: bool, names: Sequence[str]) -> int:
     failed |= row["smoke"] == "FAIL" and (counts or bool(names))
   rows.sort(key=lambda r: (-r.get("priority", -(10**9)), r["device"]))
   if as_json:
-    print(json.dumps({"default": default, "default_error": default_error, "devices": rows}, indent=2))
+    print(json.dumps({"default": default, "default_error": default_error, "default_fallback": fallback, "devices": rows}, indent=2))
     return 1 if failed else 0
   table = [["DEVICE", "PRIORITY", "PLUGIN", "SMOKE", "DETAIL"]]
   for r in rows:
     plugin = f"{r['distribution']} {r['version']} ({r['plugin']})" if "distribution" in r else "-"
     table.append([r["device"] + ("*" if r["default"] else ""), str(r.get("priority", "-")), plugin, r["smoke"], r["detail"]])
   print(_table(table))
-  dev_env = mgr.env.get("DEV", "").strip()
   if default is not None: print(f"\n* default device: {default}" + (f" (DEV={dev_env})" if dev_env else " (highest-priority available device)"))
+  if fallback: print("  a fallback, because: " + "; ".join(fallback))
   else: print(f"\nno default device: {default_error}")
   return 1 if failed else 0
+
+
+def cmd_viz(path: str | None, port: int | None) -> int:
+  from plugrad import trace
+  from plugrad.viz.server import TraceFileError, serve
+  try: serve(path or trace.default_trace_file(), int(trace.VIZ_PORT) if port is None else port)
+  except (TraceFileError, OSError) as e:
+    print(f"plugrad viz: {e}", file=sys.stderr)
+    return 2
+  return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,10 +133,24 @@ def main(argv: Sequence[str] | None = None) -> int:
   d = sub.add_parser("devices", help="smoke-test each device (render, compile and run a tiny kernel): PASS or FAIL with the reason")
   d.add_argument("--json", action="store_true", help="print JSON instead of a table")
   d.add_argument("names", nargs="*", metavar="NAME", help="only these devices (e.g. PYTHON, CUDA:1)")
+  v = sub.add_parser("viz", help="serve a trace recorded with VIZ=1 (or VIZ=2) as a local web page (docs/viz.md)")
+  v.add_argument("trace", nargs="?", metavar="TRACE_FILE", help="the trace file (default: the last one VIZ saved, or $VIZ_FILE)")
+  v.add_argument("--port", type=int, default=None, help="the port to serve on (default $VIZ_PORT, else 8128; 0: any free port)")
+  from plugrad.replay import add_parser as add_replay_parser
+  add_replay_parser(sub)
+  from plugrad.export.cli import add_parser as add_export_parser
+  add_export_parser(sub)
   args = parser.parse_args(argv)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", PluginWarning)  # failures are part of the report
     try:
+      if args.command == "viz": return cmd_viz(args.trace, args.port)
+      if args.command == "replay":
+        from plugrad.replay import run_cli
+        return run_cli(args)
+      if args.command == "export":
+        from plugrad.export.cli import run_cli as run_export
+        return run_export(args)
       if args.command == "plugins": return cmd_plugins(args.json)
       return cmd_devices(args.json, args.names)
     except DeviceError as e:  # PLUGRAD_STRICT_PLUGINS=1 turned a plugin failure into a fatal one

@@ -49,6 +49,7 @@ from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, hooki
 from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, linear_parts, use_analysis
 from plugrad.renderer.cstyle import CStyleRenderer, c_identifier, float32_repr
 from plugrad.renderer.tensor_cores import (
+  AMD_MFMA_TENSOR_CORES,
   AMD_TENSOR_CORES,
   CUDA_TENSOR_CORES,
   METAL_TENSOR_CORES,
@@ -73,7 +74,7 @@ __all__ = [
   "Estimates", "ProgramUOp", "new_program", "run_program",
   # rendering
   "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "c_identifier", "float32_repr", "linear_parts", "use_analysis",
-  "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
+  "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   # compiling, memory, running, batching
   "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner",
   # helpers

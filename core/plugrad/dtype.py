@@ -64,6 +64,19 @@ class DType:
   def ptr(self, size: int = -1, addrspace: AddrSpace = AddrSpace.GLOBAL) -> PtrDType:
     return PtrDType.new_ptr(self, addrspace, size)
 
+  @property
+  def min(self) -> Any:
+    """The lowest value of this dtype: PyTorch's `iinfo(dt).min` for ints, `finfo(dt).min` (the lowest finite value)
+    for floats, False for bool. `dtypes.min(dt)` is the identity of a max instead (-inf for floats, as tinygrad's
+    `dt.min`)."""
+    return _limits(self)[0]
+
+  @property
+  def max(self) -> Any:
+    """The largest value of this dtype: `iinfo(dt).max` for ints, the largest finite value (`finfo(dt).max`) for
+    floats, True for bool. `dtypes.max(dt)` is inf for floats."""
+    return _limits(self)[1]
+
 
 class PtrDType(DType):
   """A pointer to `base` elements in `addrspace`; `size` is the element count when known (-1 otherwise)."""
@@ -99,6 +112,10 @@ class PtrDType(DType):
     return self if n == 1 else PtrDType.new_ptr(self._base, self.addrspace, self.size, n)
   def ptr(self, size: int = -1, addrspace: AddrSpace = AddrSpace.GLOBAL) -> PtrDType:
     raise TypeError(f"pointer to pointer is not supported ({self})")
+  @property
+  def min(self) -> Any: raise TypeError(f"a pointer dtype ({self}) has no value range")
+  @property
+  def max(self) -> Any: raise TypeError(f"a pointer dtype ({self}) has no value range")
 
 
 _S = DType.new
@@ -215,6 +232,42 @@ class dtypes:
   def from_name(name: str) -> DType:
     if (dt := getattr(dtypes, name, None)) is None or not isinstance(dt, DType): raise ValueError(f"unknown dtype name {name!r}")
     return dt
+
+
+class DTypeRangeError(OverflowError, ValueError, RuntimeError):
+  """A value that does not fit the dtype it is to be stored in (`Tensor([300], dtype=dtypes.int8)`,
+  `Tensor.full(s, 300, dtype=dtypes.int8)`, an `arange` past its dtype's range); the message names the value, the dtype
+  and its range. An OverflowError and a ValueError, and a RuntimeError as PyTorch raises, so every style of except
+  catches it."""
+
+
+def _limits(dt: DType) -> tuple[Any, Any]:
+  s = dt.scalar()
+  if s is dtypes.bool: return False, True
+  if dtypes.is_int(s): return dtypes.min(s), dtypes.max(s)
+  if s in dtypes.floats:
+    e, m = dtypes.finfo(s)
+    big = (2 - 2.0 ** -m) * 2.0 ** (2 ** (e - 1) - 1)
+    return -big, big
+  raise TypeError(f"{dt} has no value range")
+
+
+def check_fits(value: Any, dt: DType, what: str) -> None:
+  """Raise DTypeRangeError unless the Python number `value` can be stored in `dt` without overflow: an int (or a
+  float, whose fraction is dropped) within an integer dtype's range, a finite float within a float dtype's finite range
+  (inf and nan are values of every float dtype). Anything goes into bool. `what` names the operation for the message."""
+  s = dt.scalar()
+  if s is dtypes.bool or isinstance(value, bool) or not isinstance(value, (int, float)): return
+  lo, hi = _limits(s)
+  v: int | float
+  if dtypes.is_int(s):
+    if isinstance(value, float) and not math.isfinite(value):
+      raise DTypeRangeError(f"{what}: {value} cannot be stored in {s!r} (an integer dtype)")
+    v = math.trunc(value)
+  elif math.isfinite(value): v = value
+  else: return
+  if not lo <= v <= hi:
+    raise DTypeRangeError(f"{what}: {value!r} does not fit in {s!r} (range {lo!r}..{hi!r}); pass a wider dtype")
 
 
 _ALIASES = ("half", "float", "double", "uchar", "char", "short", "ushort", "int", "uint", "long", "ulong", "default_float", "default_int")

@@ -21,6 +21,15 @@ class DeviceUnavailableError(DeviceError):
   """The device is known but cannot be used here (its probe said why, or its plugin failed to load)."""
 
 
+class DeviceIndexError(DeviceUnavailableError):
+  """A device index beyond the device count its plugin reports (`DEV=CPU:7` on a machine with one CPU device)."""
+
+
+class DeviceFallbackError(DeviceUnavailableError):
+  """PLUGRAD_STRICT_PLUGINS=1 and the default device would fall back past a failed, conflicting or misconfigured
+  device (without it, that is a `DeviceFallbackWarning`)."""
+
+
 class PluginLoadError(DeviceError):
   """A plugin's entry point failed to import or its registration hook raised."""
 

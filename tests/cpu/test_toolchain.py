@@ -47,7 +47,8 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full, timeout=300)
 
 
-def test_without_a_compiler_the_device_says_why():
+def test_without_a_compiler_the_device_says_why(tmp_path):
+  no_cc = {**{k: v for k, v in os.environ.items() if k != "CC"}, "PATH": str(tmp_path)}  # no compiler on PATH (a bad CC is a SettingsError)
   res = _python("""
     from plugrad_cpu.plugin import probe
     from plugrad.device.registry import Device
@@ -55,17 +56,17 @@ def test_without_a_compiler_the_device_says_why():
     print(Device.available())
     try: Device.DEFAULT
     except Exception as e: print(type(e).__name__, e)
-  """, CC="/nonexistent", DEV="CPU")
+  """, PATH=str(tmp_path), DEV="CPU")
   out = res.stdout.splitlines()
   assert res.returncode == 0, res.stderr
   assert out[0] == "'no C compiler found (install clang or gcc, or set CC)'" and "CPU" not in out[1]
   assert out[2].startswith("DeviceUnavailableError") and "no C compiler found (install clang or gcc, or set CC)" in out[2]
   cli = subprocess.run([sys.executable, "-m", "plugrad", "devices", "--json", "CPU"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "CC": "/nonexistent"})
+                       env=no_cc)
   dev = json.loads(cli.stdout)["devices"][0]
   assert cli.returncode == 1 and dev["smoke"] == "FAIL" and dev["probe"] == "no C compiler found (install clang or gcc, or set CC)"
   table = subprocess.run([sys.executable, "-m", "plugrad", "devices"], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "CC": "/nonexistent"})
+                         env=no_cc)
   assert any(line.startswith("CPU") and "FAIL" in line and "no C compiler found" in line for line in table.stdout.splitlines()), table.stdout
 
 

@@ -222,3 +222,11 @@ def test_gpu_check_script_is_ready():
   script = os.path.join(root, "bench/gpu/cuda_replay.py")
   res = subprocess.run([sys.executable, script, "--dry"], capture_output=True, text=True, timeout=300, cwd=root)
   assert res.returncode == 0 and "dry run ok" in res.stdout, res.stderr
+  bench = os.path.join(root, "bench/gpu/cuda_bench.py")
+  # the benchmark's plugrad side at toy sizes on PYTHON under EMULATE=CUDA (the CUDA heuristics' kernels, interpreted)
+  res = subprocess.run([sys.executable, bench, "--dry", "--only", "mm16,ew,softmax,replay"], capture_output=True, text=True, timeout=300, cwd=root)
+  assert res.returncode == 0 and "mm16: r_64_64 [('TC', 0, None)]" in res.stdout and "n/a" not in res.stdout, res.stdout + res.stderr
+  assert "GROUP" in res.stdout and "targets" not in res.stdout, "row statistics in shared memory; no figures from a dry run"
+  if not HAS_DRIVER:  # without a GPU it says so and measures nothing
+    res = subprocess.run([sys.executable, bench], capture_output=True, text=True, timeout=120, cwd=root)
+    assert res.returncode == 1 and "no usable NVIDIA GPU here" in res.stdout and "unmeasured" in res.stdout, res.stdout + res.stderr

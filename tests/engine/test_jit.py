@@ -194,6 +194,16 @@ def test_memory_planner_shrinks_peak_and_keeps_results(capsys):
   assert "memory planner: 6 intermediate buffers, 24,000 ->" in capsys.readouterr().out
 
 
+def test_intermediates_of_a_model_with_trainable_weights_are_planned():
+  # the result's autograd graph (weights with requires_grad) must not keep the call's intermediates alive
+  w, x = Tensor(rand(1000), requires_grad=True), rand(1000)
+  f = TinyJit(lambda x: _chain(x * w))
+  want = _chain(Tensor(x) * w).numpy()
+  for _ in range(3): got = f(Tensor(x))
+  np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+  assert f.captured is not None and len(f.captured.memory.replace) >= 6
+
+
 def test_plan_memory_by_liveness():
   bufs = [Buffer("PYTHON", n, dtypes.float32) for n in (100, 50, 100, 10)]
   a, b, c, d = bufs

@@ -8,8 +8,10 @@ import sys
 import pytest
 
 from plugrad.__main__ import main
+from plugrad.plugin import API_VERSION
 from tests.plugin.fakes import FakeEntryPoint, PyClone, manager
 
+API = f"{API_VERSION[0]}.{API_VERSION[1]}"
 pytestmark = pytest.mark.filterwarnings("ignore::plugrad.plugin.manager.PluginWarning")
 
 
@@ -30,10 +32,10 @@ def test_plugins_json(use_manager, capsys):
   use_manager(plugin_set(PLUGRAD_PLUGINS="clone,broken,builtin"))
   rc, out, _ = run(capsys, "plugins", "--json")
   rep = json.loads(out)
-  assert rc == 0 and rep["api"] == "2.0" and rep["strict"] is False
+  assert rc == 0 and rep["api"] == API and rep["strict"] is False
   by = {p["name"]: p for p in rep["plugins"]}
   assert {k: by["clone"][k] for k in ("distribution", "version", "api", "status", "devices")} == \
-    {"distribution": "plugrad-clone", "version": "1.2", "api": "2.0", "status": "active", "devices": ["CLONE"]}
+    {"distribution": "plugrad-clone", "version": "1.2", "api": API, "status": "active", "devices": ["CLONE"]}
   assert by["broken"]["status"].startswith("failed: importing 'plugrad_broken.plugin' raised ImportError: No module named 'gpu_sdk'")
   assert "ImportError" in by["broken"]["traceback"]
   assert by["gpux"]["status"] == "blocked" and by["gpux"]["devices"] == []

@@ -49,7 +49,7 @@ def test_builtins_register_through_the_hooks():
   mgr = manager()
   (rec,) = mgr.records()
   assert (rec.name, rec.distribution, rec.status, rec.devices, rec.api, rec.builtin) == \
-    ("builtin", "plugrad", "active", ("PYTHON", "NULL"), "2.0", True)
+    ("builtin", "plugrad", "active", ("PYTHON", "NULL"), f"{API_VERSION[0]}.{API_VERSION[1]}", True)
   assert mgr.entry("python").spec.priority == 0 and mgr.entry("NULL").spec.priority == -100
 
 

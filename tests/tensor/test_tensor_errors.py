@@ -91,7 +91,6 @@ VALUE_ERRORS = [
   ("zeros_shape", lambda: Tensor.zeros(2, -1, device=DEV), r"a shape must be ints >= 0"),
   ("randint", lambda: Tensor.randint(3, low=5, high=5, device=DEV), r"low < high"),
   ("int_neg_pow", lambda: t(3, dtype=dtypes.int32) ** -1, r"negative integer power"),
-  ("neg_shift", lambda: t(3, dtype=dtypes.int32) << -1, r"negative shift count -1"),
   ("item", lambda: t(2, 2).item(), r"item\(\) needs a tensor with one element, got shape \(2, 2\)"),
   ("ragged", lambda: Tensor([[1, 2], [3]], device=DEV), r"rectangular nested list"),
   ("overflow", lambda: Tensor([2**40], device=DEV), r"does not fit in dtypes.int32"),

@@ -81,7 +81,9 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
 def test_result_dtypes(tg):
   """Result dtypes of the unary ops, reductions and binary ops for every dtype (pair), against tinygrad. The
   differences are deliberate: integer round keeps its dtype (as numpy/PyTorch), bool arithmetic follows numpy
-  (bool - bool raises; bool ** / % / // compute in int32), and the int64/uint64 lattice difference above."""
+  (bool - bool raises; bool ** / % / // compute in int32), the int64/uint64 lattice difference above, and integer and
+  bool sums and products give int64 on a device that has it (PyTorch's rule; tinygrad sums in int32/uint32 and
+  multiplies in the input dtype)."""
   diffs = {}
   for a in NAMES:
     for op in UNARY:
@@ -98,6 +100,9 @@ def test_result_dtypes(tg):
   expected[("lerp", "bool", "bool")] = ("float32", "error")
   expected[("pow", "bool", "bool")] = ("bool", "int32")
   expected[("mod", "bool", "bool")] = expected[("floordiv", "bool", "bool")] = ("float32", "int32")
+  for n in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32"):  # the NULL device has int64
+    expected[("sum", n)] = ("uint32" if n.startswith("uint") else "int32", "int64")
+    expected[("prod", n)] = (n, "int64")
   for op in BINARY:
     for pair in lattice:
       if op not in ("lt", "eq"): expected[(op, *pair)] = ("float32", "float16")

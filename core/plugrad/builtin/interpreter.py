@@ -399,7 +399,8 @@ class _Launch:
     if mem.init is not None and not mem.init[used].all():
       raise self.error(pc, f"LOAD of {mem.label} reads memory no thread has written" + self.who(mem, addr, active, ~mem.init[addr]))
     if mem.writer is not None: self.check_race(pc, mem, addr, active, mem.writer, "reads", "written")
-    out = mem.arr[addr if active is None else np.where(active, addr, 0)]
+    # every access of an empty buffer is gated off (checked above): there is no element 0 to stand in for them
+    out = mem.arr[addr if active is None else np.where(active, addr, 0)] if mem.arr.size else np.zeros(addr.shape, mem.arr.dtype)
     if active is not None: out = np.where(active, out, alt.reshape(self.T, width) if alt is not None else np.zeros((), out.dtype))
     if mem.reader is not None: self.mark_readers(mem, addr, active)
     return out.reshape(self.T) if width == 1 else out

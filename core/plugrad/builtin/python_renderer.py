@@ -15,9 +15,10 @@ nothing for None).
 None of the first four contains spaces. Args and dtypes are written as Python literals plus a few names (dtype names,
 `AxisType.X`, `AddrSpace.X`, `Ops.X`, `inf`, `nan`) and read back by a small parser that evaluates nothing else.
 
-`EMULATE=CUDA|METAL|AMD` (read when the renderer is built) makes the PYTHON device describe that device instead of
+`EMULATE=CUDA|METAL|AMD|AMD_MFMA` (read when the renderer is built) makes the PYTHON device describe that device instead of
 itself: its workgroup limits, shared memory and tensor cores. The codegen then lowers for it and the interpreter,
-which reads the target from the header, runs and checks that lowering.
+which reads the target from the header, runs and checks that lowering. `AMD` is RDNA3 (wave32 WMMA), `AMD_MFMA` CDNA3
+(MI300, gfx942: wave64 MFMA).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from plugrad.backend import (
+  AMD_MFMA_TENSOR_CORES,
   AMD_TENSOR_CORES,
   CUDA_TENSOR_CORES,
   METAL_TENSOR_CORES,
@@ -73,6 +75,8 @@ TARGETS: dict[str, Target] = {
   "METAL": Target("METAL", (1024, 1024, 1024), 1024, 32768, METAL_TENSOR_CORES, _DTYPE_CAPS - {"float64"}),
   # RDNA3: 1024 work-items per workgroup, 64 KiB of LDS
   "AMD": Target("AMD", (1024, 1024, 1024), 1024, 65536, AMD_TENSOR_CORES, _DTYPE_CAPS),
+  # CDNA3 (MI300, gfx942): 1024 work-items per workgroup, 64 KiB of LDS per workgroup, wave64 MFMA
+  "AMD_MFMA": Target("AMD_MFMA", (1024, 1024, 1024), 1024, 65536, AMD_MFMA_TENSOR_CORES, _DTYPE_CAPS),
 }
 
 
@@ -88,6 +92,7 @@ class PythonRenderer(Renderer):
   vector_width = 4  # exercises the expander's vector lanes in the interpreter
   has_local = has_shared = True
   nan_max = True  # numpy's maximum: nan wins
+  full_pow = True  # numpy's power
   native_math = GroupOp.Transcendental  # numpy's
 
   def __init__(self, device: str, emulate: str | None = None):

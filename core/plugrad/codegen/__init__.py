@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from plugrad import trace
 from plugrad.codegen.decompose import decompose
 from plugrad.codegen.expand import expand
 from plugrad.codegen.linearize import linearize
@@ -49,25 +50,38 @@ def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
   """An optimized kernel AST → the linear uops."""
   info = opt_ast.arg if isinstance(opt_ast.arg, KernelInfo) else KernelInfo()
   lowered = add_gpudims(lower_group_reduces(drop_unit_ranges(opt_ast)), renderer, info.dont_use_locals)
+  if trace.TRACING: trace.stage("gpudims", lowered)
   lowered = graph_rewrite(expand(lowered, renderer.vector_width), symbolic, name="gpudims")
+  if trace.TRACING: trace.stage("expand", lowered)
   lowered = simplify_gated_indices(lowered, lambda u: graph_rewrite(u, symbolic, name="gated index"))
   lowered = split_ends(lower_reduces(lowered))
-  return linearize(decompose(lowered, renderer))
+  if trace.TRACING: trace.stage("reduces", lowered)
+  lowered = decompose(lowered, renderer)
+  if trace.TRACING: trace.stage("decompose", lowered)
+  return linearize(lowered)
 
 
 def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None,
                 timer: Callable[[Renderer], CandidateTimer] | None = None) -> ProgramUOp:
   """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST, renderer kind and actions)."""
   if ast.op is not Ops.SINK: raise TypeError(f"get_program needs a kernel AST (a SINK), got {ast.op!r}")
-  key = (ast, type(renderer), renderer.device, getattr(renderer, "emulate", None), None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
+  # `arch`: a GPU backend's target (CUDA sm_80/sm_90, AMD gfx942/gfx1100): one device name, different kernels
+  key = (ast, type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None),
+         None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
   if (hit := _cache.get(key)) is not None: return hit
   start = time.perf_counter()
-  maybe_check("kernel", ast)
-  if DEBUG >= 5: print(ast)
-  opt_ast = optimize(ast, renderer, opts, timer)
-  prg = make_program(opt_ast, renderer.device).with_linear(lower(opt_ast, renderer))
-  prg = prg.with_source(renderer.render(prg))
+  rec = trace.kernel_begin(ast, renderer, opts) if trace.TRACING else None  # VIZ, process replay (plugrad/trace.py)
+  try:
+    maybe_check("kernel", ast)
+    if DEBUG >= 5: print(ast)
+    opt_ast = optimize(ast, renderer, opts, timer)
+    if rec is not None: trace.stage("optimized", opt_ast)
+    prg = make_program(opt_ast, renderer.device).with_linear(lower(opt_ast, renderer))
+    prg = prg.with_source(renderer.render(prg))
+  finally:
+    if rec is not None and rec.program is None: trace.kernel_abort(rec)
   codegen_seconds[0] += time.perf_counter() - start
+  if rec is not None: trace.kernel_end(rec, prg, time.perf_counter() - start)
   if DEBUG >= 2:
     e = prg.estimates
     print(f"codegen {prg.name:<24} opts {list(prg.applied_opts)}  flops {e.ops}  bytes {e.mem}  traffic {e.lds}  local bytes {e.local_bytes}")

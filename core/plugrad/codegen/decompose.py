@@ -17,6 +17,8 @@ before it claims anything); `renderer.extra_matcher` runs after them for a backe
   signed value), again only where the bounds of the amount allow it.
 * float MAX (unless `nan_max`) → two selects, nan wins like numpy: `a != a ? a : (b < a ? a : b)`. No branch and no
   `||`: a C compiler turns the selects into max and blend instructions and vectorizes them.
+* float POW (unless `full_pow`) → C's pow around the device's pow of |a|: a negative base to an integral power gets its
+  sign (nan for a fractional one), 0 to a negative power is inf and to a positive one 0, a**0 and 1**b are 1.
 * bfloat16 (unless `native_bfloat16`) → no bfloat16 is left: values are float32 holding bfloat16 numbers, global and
   local memory is uint16 (the top half of the float32 bits), register arrays float32. Every arithmetic result and every
   CAST to bfloat16 is rounded by `round_bf16_bits` (uint32 ops: to nearest, ties to even; nan becomes the quiet nan of
@@ -64,9 +66,29 @@ def _shift(ctx: set[UOp], x: UOp) -> UOp | None:
   lo, hi = b._min_max
   if 0 <= lo and hi < bits: return None
   ctx.add(x)
-  ok = b < bits if lo >= 0 else (b.const_like(-1) < b) & (b < bits)
   fill = a >> (bits - 1) if x.op is Ops.SHR and not dtypes.is_unsigned(x.dtype.scalar()) else a.const_like(0)
+  ok = b < bits if lo >= 0 else (b.const_like(-1) < b) & (b < bits)
+  # never in range (a constant count past the width): the untaken shift is by 0, as WGSL rejects a constant one past the
+  # width even there; it stays (not just `fill`) so the kernel still reads every buffer its signature lists
+  if lo >= bits or hi < 0: x = x.replace(src=(a, b.const_like(0)))
   return ok.where(x, fill)
+
+
+def _pow(ctx: set[UOp], x: UOp) -> UOp | None:
+  if x in ctx or not dtypes.is_float(x.dtype): return None
+  a, b = x.src
+  neg, inf = a < a.const_like(0), a.const_like(math.inf)
+  mag = x.replace(src=(neg.where(a.alu(Ops.NEG), a), b))  # pow of |a|: asked only for a finite or infinite |a| > 0
+  ctx.add(mag)
+  half = b * b.const_like(0.5)
+  integral = b.alu(Ops.TRUNC).eq(b)
+  odd = integral & half.alu(Ops.TRUNC).ne(half)  # an odd integer (inf is not)
+  fractional = integral.logical_not() & a.ne(-inf)  # -inf to any power is ±inf or 0
+  signed = fractional.where(a.const_like(math.nan), odd.where(mag.alu(Ops.NEG), mag))
+  ret = a.eq(0).where((b < b.const_like(0)).where(inf, a.const_like(0)), neg.where(signed, mag))
+  ret = (a.ne(a) | b.ne(b)).where(a.const_like(math.nan), ret)
+  one = b.eq(0) | a.eq(1) | (a.eq(-1) & (b.eq(inf) | b.eq(-inf)))  # 1 even for a nan base or exponent, as C
+  return one.where(a.const_like(1), ret)
 
 
 def _nan_max(x: UOp) -> UOp | None:
@@ -287,19 +309,21 @@ _THREEFRY = [(UPat(Ops.THREEFRY, name="x"), _threefry)]
 _INT_DIV = [(UPat((Ops.IDIV, Ops.MOD), name="x"), _int_div)]
 _SHIFTS = [(UPat((Ops.SHL, Ops.SHR), name="x"), _shift)]
 _NAN_MAX = [(UPat(Ops.MAX, name="x"), _nan_max)]
+_POW = [(UPat(Ops.POW, name="x"), _pow)]
 
 
 _BF16_PM = PatternMatcher(_BF16_RULES)
 
 
 @functools.cache
-def _matcher(safe_int_div: bool, safe_shifts: bool, nan_max: bool) -> PatternMatcher:
-  return PatternMatcher(_THREEFRY + ([] if safe_int_div else _INT_DIV) + ([] if safe_shifts else _SHIFTS) + ([] if nan_max else _NAN_MAX))
+def _matcher(safe_int_div: bool, safe_shifts: bool, nan_max: bool, full_pow: bool) -> PatternMatcher:
+  return PatternMatcher(_THREEFRY + ([] if safe_int_div else _INT_DIV) + ([] if safe_shifts else _SHIFTS) + ([] if nan_max else _NAN_MAX) +
+                        ([] if full_pow else _POW))
 
 
 def decompositions(renderer: Renderer) -> PatternMatcher:
   """The semantic guards `renderer`'s capability flags ask for, as one matcher (rules take a `ctx` set; see `decompose`)."""
-  return _matcher(renderer.safe_int_div, renderer.safe_shifts, renderer.nan_max)
+  return _matcher(renderer.safe_int_div, renderer.safe_shifts, renderer.nan_max, renderer.full_pow)
 
 
 def decompose(sink: UOp, renderer: Renderer) -> UOp:

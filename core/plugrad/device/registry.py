@@ -2,9 +2,11 @@
 allocator, runtime, graph) come from the plugin hooks, each built on first use and checked for its base type.
 
 Device strings: "NAME" or "NAME:index", case-insensitive, aliases allowed; the canonical form is upper-case, with the
-index left out when it is 0 ("cuda:0" → "CUDA", "cuda:1" → "CUDA:1"). The default device is DEV when set, else the
+index left out when it is 0 ("cuda:0" → "CUDA", "cuda:1" → "CUDA:1"); an index is checked against the device count
+the plugin reports (DeviceSpec.count), when it reports one. The default device is DEV when set, else the
 highest-priority available device with a priority >= 0; a device that cannot be used raises, and nothing is ever
-silently replaced by another device.
+silently replaced by another device: a default that falls back past a failed, conflicting or misconfigured device
+warns once naming the cause (DeviceFallbackWarning; DeviceFallbackError under PLUGRAD_STRICT_PLUGINS=1).
 
 This module must not import buffer.py or runner.py at module level: they import `Device` from here.
 """
@@ -13,12 +15,21 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import warnings
 from typing import Any
 
-from plugrad.errors import DeviceError, DeviceUnavailableError, InvalidDeviceStringError, PluginHookError, UnknownDeviceError
-from plugrad.helpers import DEBUG
+from plugrad.errors import (
+  DeviceError,
+  DeviceFallbackError,
+  DeviceIndexError,
+  DeviceUnavailableError,
+  InvalidDeviceStringError,
+  PluginHookError,
+  UnknownDeviceError,
+)
+from plugrad.helpers import DEBUG, SettingsError
 from plugrad.plugin.hookspecs import DeviceSpec, parse_device
-from plugrad.plugin.manager import DeviceEntry, PluginManager, PluginRecord, get_manager, reset_manager
+from plugrad.plugin.manager import DeviceEntry, DeviceFallbackWarning, PluginManager, PluginRecord, get_manager, reset_manager
 
 
 def format_device(name: str, index: int) -> str:
@@ -161,6 +172,7 @@ class DeviceRegistry:
         entry = mgr.entry(base)
         if (reason := mgr.probe(base)) is not None:
           raise DeviceUnavailableError(f"device {canon} is unavailable here: {reason} (plugin {entry.plugin.name!r}, {entry.plugin.label})")
+        _check_index(canon, entry, mgr)
         dev = self._devices[canon] = CompiledDevice(canon, entry, mgr)
     return dev
 
@@ -200,19 +212,25 @@ class DeviceRegistry:
       try: canon = self.canonicalize(dev)
       except InvalidDeviceStringError as e: raise InvalidDeviceStringError(f"DEV={dev!r}: {e}") from None
       except UnknownDeviceError as e: raise UnknownDeviceError(f"DEV={dev!r}: {e}") from None
-      if (reason := mgr.probe(parse_device(canon)[0])) is not None:
+      base = parse_device(canon)[0]
+      if (reason := mgr.probe(base)) is not None:
         raise DeviceUnavailableError(f"DEV={dev} selects {canon}, which is unavailable here: {reason}. plugrad does not run on another device "
-                                     f"in its place: fix that, or set DEV to an available device ({', '.join(mgr.available()) or 'none'})")
+                                     f"in its place: fix that, or set DEV to an available device ({', '.join(_usable(mgr)) or 'none'})")
+      try: _check_index(canon, mgr.entry(base), mgr)
+      except DeviceIndexError as e: raise DeviceIndexError(f"DEV={dev}: {e}") from None
       return canon
     skipped: list[str] = []
     for ent in mgr.devices():
       if ent.spec.priority < 0: continue
-      if (reason := mgr.probe(ent.spec.name)) is None:
+      if (reason := _probe_text(mgr, ent.spec.name)) is None:
         if DEBUG >= 1: print(f"plugrad: default device {ent.spec.name}" + "".join(f"; skipped {s}" for s in skipped), file=sys.stderr)
+        _fallback(mgr, ent.spec)
         return ent.spec.name
       skipped.append(f"{ent.spec.name} ({reason})")
-    why = "; ".join(f"{e.spec.name}: {mgr.probe(e.spec.name) or 'priority < 0 (only used when selected with DEV)'}" for e in mgr.devices())
-    raise DeviceUnavailableError(f"no device is available to be the default ({why or 'no device is registered'}); see `python -m plugrad devices`")
+    why = [f"{e.spec.name}: {_probe_text(mgr, e.spec.name) or 'priority < 0 (only used when selected with DEV)'}" for e in mgr.devices()]
+    why += [c.text for c in mgr.fallback_causes(None) if c.device is None]  # failures and conflicts: not among the devices above
+    raise DeviceUnavailableError(f"no device is available to be the default ({'; '.join(why) or 'no device is registered'}); "
+                                 "see `python -m plugrad devices`")
 
   # ---- listings
   def available(self) -> list[str]:
@@ -229,6 +247,41 @@ class DeviceRegistry:
   def plugins(self) -> list[PluginRecord]:
     """The plugin records (active, failed and blocked), as `python -m plugrad plugins` shows them."""
     return self._mgr().records()
+
+
+def _probe_text(mgr: PluginManager, name: str) -> str | None:
+  """The probe's reason, or the error of a probe or count that raised, as text (never raises for a plugin's fault)."""
+  try: return mgr.probe(name)
+  except (DeviceError, SettingsError) as e: return f"{type(e).__name__}: {e}"
+
+
+def _usable(mgr: PluginManager) -> list[str]:
+  return [e.spec.name for e in mgr.devices() if _probe_text(mgr, e.spec.name) is None]
+
+
+def _check_index(canon: str, entry: DeviceEntry, mgr: PluginManager) -> None:
+  """Refuse `NAME:i` when the plugin reports fewer than i+1 devices of that name (DeviceSpec.count)."""
+  name, index = parse_device(canon)
+  if index == 0 or (n := mgr.count(name)) is None or index < n: return
+  have = f"{name}" if n == 1 else f"{name} to {name}:{n - 1}"
+  raise DeviceIndexError(f"device {canon} does not exist here: plugin {entry.plugin.name!r} ({entry.plugin.label}) reports {n} {name} "
+                         f"device{'s' if n != 1 else ''} ({have})")
+
+
+def _fallback(mgr: PluginManager, chosen: DeviceSpec) -> None:
+  """Warn (once: the default is chosen once per registry) when `chosen` is the default only because devices of higher
+  priority failed, conflict or are misconfigured, or because every faster device is missing and only the reference
+  interpreter is left; under PLUGRAD_STRICT_PLUGINS=1 raise DeviceFallbackError instead."""
+  if not (causes := mgr.fallback_causes(chosen)): return
+  text = "; ".join(c.text for c in causes)
+  what = f"{chosen.name} (priority {chosen.priority}" + (", the reference interpreter: thousands of times slower)" if chosen.priority <= 0 else ")")
+  msg = (f"the default device is {what}, not a device of higher priority, because: {text}. Fix that, or choose the device "
+         f"with DEV (DEV={chosen.name} keeps this one); `python -m plugrad plugins` and `python -m plugrad devices` show every plugin and device")
+  if mgr.strict:
+    err = DeviceFallbackError(f"PLUGRAD_STRICT_PLUGINS=1 and {msg}")
+    err.__cause__ = next((c.error() for c in causes if c.error is not None), None)
+    raise err
+  warnings.warn(f"plugrad: {msg}", DeviceFallbackWarning, stacklevel=4)
 
 
 Device = DeviceRegistry()

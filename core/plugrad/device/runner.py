@@ -6,9 +6,11 @@ declares, so that a wrong buffer fails here with names and sizes instead of corr
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plugrad import trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.dtype import dtypes
@@ -100,14 +102,21 @@ class ProgramRunner:
     checked the buffers once and replay them (the JIT)."""
     if self._static_dims is not None: gs, ls = self._static_dims
     else: gs, ls = self.program.launch_dims(dict(zip(self.var_names, vals)))
+    # profiling (DEBUG>=2, VIZ's timeline): every launch waits and is timed
+    if (timed := DEBUG >= 2 or trace.TIMELINE): wait, st = True, time.perf_counter()
     try: t = self.lib(*handles, global_size=gs, local_size=ls, vals=vals, wait=wait)
     except Exception as e: raise self._error("failed to launch", e) from e
-    if DEBUG >= 2: print(self._profile_line(gs, ls, dict(zip(self.var_names, vals)), t))
+    if timed: self._profile(gs, ls, dict(zip(self.var_names, vals)), t, st)
     return t
 
-  def _profile_line(self, gs: tuple[int, ...], ls: tuple[int, ...], vals: dict[str, int], t: float | None) -> str:
-    line = f"{self.name:<28} {self.device:<10} global {gs!s:<16} local {ls!s:<14}"
-    if t is None: return line
-    est = self.program.estimates.at(vals)
-    return line + f" {t * 1e6:10.2f} us" + (f" {est.ops / t * 1e-9:9.2f} GFLOPS {est.mem / t * 1e-9:8.2f} GB/s" if t > 0 else "")
+  def _profile(self, gs: tuple[int, ...], ls: tuple[int, ...], vals: dict[str, int], t: float | None, st: float) -> None:
+    if t is None:  # a runtime that cannot time a launch: wall time around the synchronized launch
+      self.dev.synchronize()
+      t = time.perf_counter() - st
+    est = None if self.program.external else self.program.estimates.at(vals)  # a kernel written outside plugrad: no counts
+    ops, mem = (int(est.ops), int(est.mem)) if est is not None else (0, 0)
+    trace.launched(self.name, self.device, st, t, gs, ls, ops, mem, ast=self.program.ast if trace.TIMELINE else None)
+    if DEBUG >= 2:
+      rates = f" {ops / t * 1e-9:9.2f} GFLOPS {mem / t * 1e-9:8.2f} GB/s" if t > 0 and est is not None else ""
+      print(f"{self.name:<28} {self.device:<10} global {gs!s:<16} local {ls!s:<14} {t * 1e6:10.2f} us{rates}")
 

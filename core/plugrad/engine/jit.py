@@ -26,11 +26,13 @@ from __future__ import annotations
 import functools
 import gc
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from plugrad import trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner, check_graph_class
 from plugrad.device.registry import Device
@@ -205,6 +207,25 @@ class _CopyStep:
     return None
 
 
+def _timed_steps(steps: list[Any], slots: Sequence[Buffer], var_vals: dict[str, int]) -> None:
+  """A replay with every step waited for and timed (DEBUG>=2, VIZ): a kernel step times its launch itself
+  (ProgramRunner.launch), a graph batch is one timed launch of all its kernels."""
+  for step in steps:
+    if not isinstance(step, GraphRunner):
+      step(slots, var_vals)
+      continue
+    st = time.perf_counter()
+    if (t := step(slots, var_vals, wait=True)) is None:
+      Device[step.device].synchronize()
+      t = time.perf_counter() - st
+    ests = [k.runner.program.estimates.at(dict(zip(k.runner.var_names, step.vals(j, var_vals)))) for j, k in enumerate(step.kernels)]
+    ops, mem = sum(int(e.ops) for e in ests), sum(int(e.mem) for e in ests)
+    name = f"{type(step).__name__}[{len(step.kernels)}] {step.kernels[0].runner.name}..{step.kernels[-1].runner.name}"
+    trace.launched(name, step.device, st, t, ops=ops, mem=mem, kind="graph")
+    if DEBUG >= 2: print(f"{name:<28} {step.device:<10} {len(step.kernels)} kernels {t * 1e6:10.2f} us {ops / t * 1e-9:9.2f} GFLOPS "
+                         f"{mem / t * 1e-9:8.2f} GB/s" if t > 0 else f"{name:<28} {step.device:<10} {t * 1e6:10.2f} us")
+
+
 def _batches(n: int, first: int) -> Iterator[tuple[int, int]]:
   start, size = 0, max(1, first)
   while start < n:
@@ -252,7 +273,9 @@ class CapturedJit:
     with ENGINE_LOCK:  # not interleaved with another thread's realize or replay (the runners and allocators are shared)
       fresh = [buffer_like(b) for b in self.fresh_outputs]
       slots = [buffer_of(b).ensure_allocated() for _, b in call.inputs] + [buffer_of(b).ensure_allocated() for b in fresh]
-      for step in self.steps: step(slots, var_vals)
+      if DEBUG >= 2 or trace.TIMELINE: _timed_steps(self.steps, slots, var_vals)  # graph batches are timed as one launch
+      else:
+        for step in self.steps: step(slots, var_vals)
       for dev in self.devices: dev.synchronize()
     slot_uops = [b for _, b in call.inputs] + fresh
     outs = iter(self.outputs)
@@ -287,6 +310,9 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
                    "would repeat them; draw them outside the jitted function and pass them in as Tensor arguments")
   in_bufs = [buffer_of(b) for _, b in call.inputs]
   outs = _tensors(ret)
+  # a result's autograd graph (kept so `loss.backward()` works after the call) holds the call's intermediates: the
+  # planner could share none of them. Results of the capture and of replays are not differentiable outside the call.
+  for t in outs: getattr(t, "_forget_origin", lambda: None)()
   out_bufs = [_base_buffer(t.uop) for t in outs]
   fresh_uops = {u: ei.bufs[i] for ei in items for i, ref in ei.fresh if (u := ref()) is not None}
   # outputs computed by the call are swapped per replay; views of inputs or of state are returned as they are
@@ -313,6 +339,7 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
   planned = {ei.bufs[i] for ei in items for i, ref in ei.fresh if ref() is None and ei.bufs[i] not in held}
   memory = plan_memory([ei.bufs for ei in items], planned)
   if DEBUG >= 2: print(f"TinyJit({name}): {memory}")
+  if trace.TIMELINE: trace.jit_memory(name, [(ei.name, ei.bufs) for ei in items], memory)  # VIZ's memory view
   swap = memory.replace
   items = [ExecItem(ei.runner, [swap.get(b, b) for b in ei.bufs], ei.var_vals) for ei in items]
   slots = in_bufs + list(out_slots)

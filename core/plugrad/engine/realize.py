@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugrad import trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.engine.buffers import buffer_of
 from plugrad.engine.schedule import ScheduleItem, create_schedule
+from plugrad.helpers import DEBUG
 from plugrad.uop.ops import Ops, UOp
 
 _runners: dict[UOp, ProgramRunner] = {}
@@ -55,9 +58,18 @@ class ExecItem:
 
   def run(self, var_vals: dict[str, int] | None = None, wait: bool = False) -> float | None:
     if self.runner is None:
+      if (timed := DEBUG >= 2 or trace.TIMELINE): st = time.perf_counter()
       self.bufs[0].ensure_allocated().copyin(self.bufs[1].as_buffer())
+      if timed: _copy_timed(self, st)
       return None
     return self.runner(self.bufs, self.var_vals if var_vals is None else var_vals, wait=wait)
+
+
+def _copy_timed(ei: ExecItem, st: float) -> None:
+  Device[ei.device].synchronize()
+  t, nbytes = time.perf_counter() - st, ei.bufs[0].nbytes
+  trace.launched(ei.name, ei.device, st, t, mem=nbytes, kind="copy")
+  if DEBUG >= 2: print(f"{ei.name:<28} {nbytes:>10} bytes {t * 1e6:10.2f} us {nbytes / t * 1e-9 if t > 0 else 0:8.2f} GB/s")
 
 
 def runner_for(program: Any) -> ProgramRunner:

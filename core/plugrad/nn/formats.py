@@ -5,6 +5,11 @@ what is wrong) and yields nothing; a save goes through a temporary file, so a fa
 safetensors layout: 8 bytes little-endian u64 N, N bytes of JSON `{name: {"dtype", "shape", "data_offsets": [b, e]},
 "__metadata__": {str: str}}` (padded with spaces), then the raw little-endian data; offsets are relative to the data
 and must cover it exactly, with no holes or overlaps.
+
+Reading a file an attacker wrote is safe (docs/security.md, "State files"): whatever the bytes, `safe_load` returns
+the tensors the header describes or raises `StateFileError` — never another exception, a crash or a partial result —
+in time and memory bounded by the limits below. The header is read and checked before the data (a bad header is
+refused without reading gigabytes), duplicate names are refused, and BOOL bytes other than 0 and 1 load as True.
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ SAFE_DTYPES: dict[str, DType] = {
   "F64": dtypes.float64}
 SAFE_NAMES: dict[DType, str] = {v: k for k, v in SAFE_DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors package's limit: a bigger "length" is a corrupt file, not a header to read
+MAX_TENSORS = 100_000  # per file: bounds the time (~0.1 ms per tensor made) and memory of a load; real checkpoints have < 10,000
+MAX_DIMS = 32          # numpy's limit (1.x); real tensors have fewer than 8
+_MAX_ELEMENTS = 1 << 62  # a shape's element count, zero dimensions counted as 1, times the itemsize must stay below 2**63 (numpy)
 
 
 class StateFileError(ValueError):
@@ -48,57 +56,117 @@ def _to_tensor(arr: np.ndarray, dt: DType, device: str | None) -> Tensor:
   return t.bitcast(dtypes.bfloat16) if dt is dtypes.bfloat16 else t
 
 
-def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, tuple[DType, tuple[int, ...], int, int]], dict[str, str], int]:
-  """(name → (dtype, shape, begin, end)), the metadata, and where the data starts."""
-  if len(raw) < 8: raise StateFileError(path, f"truncated or not a safetensors file: {len(raw)} bytes, less than the 8-byte header length")
-  n = int.from_bytes(raw[:8], "little")
+class _Refused(Exception):
+  """Raised inside the JSON parser's hook to stop parsing a header that is already known to be bad."""
+
+
+def _read_header(path: Path, f: Any, size: int) -> tuple[bytes, int]:
+  """The header's JSON bytes and the length of the data after it, read (and checked) without reading the data."""
+  head = f.read(8)
+  if len(head) < 8: raise StateFileError(path, f"truncated or not a safetensors file: {len(head)} bytes, less than the 8-byte header length")
+  n = int.from_bytes(head, "little")
   if n > MAX_HEADER: raise StateFileError(path, f"not a safetensors file: header length {n} is over the {MAX_HEADER}-byte limit")
-  if 8 + n > len(raw): raise StateFileError(path, f"truncated: the header needs {n} bytes but the file has {len(raw) - 8} after the length")
-  try: header = json.loads(raw[8:8 + n].decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e: raise StateFileError(path, f"corrupt header: not UTF-8 JSON ({e})") from None
+  if 8 + n > size: raise StateFileError(path, f"truncated: the header needs {n} bytes but the file has {max(0, size - 8)} after the length")
+  if len(raw := f.read(n)) != n: raise StateFileError(path, f"truncated: the header needs {n} bytes but only {len(raw)} could be read")
+  return raw, size - 8 - n
+
+
+def _json(path: Path, raw: bytes) -> Any:
+  """The header as JSON objects, refusing more than MAX_TENSORS objects, a repeated key or deep nesting while parsing."""
+  if raw.count(b'"data_offsets"') > MAX_TENSORS:  # the quick refusal, before building anything
+    raise StateFileError(path, f"refused: the header describes more than {MAX_TENSORS} tensors (plugrad.nn.formats.MAX_TENSORS)")
+  objects = 0
+  def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    nonlocal objects
+    objects += 1
+    if objects > MAX_TENSORS + 2:  # a tensor is one object; the metadata and the header itself two more
+      raise _Refused(f"refused: the header describes more than {MAX_TENSORS} tensors (plugrad.nn.formats.MAX_TENSORS)")
+    d = dict(pairs)
+    if len(d) != len(pairs):
+      seen: set[str] = set()
+      dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+      raise _Refused(f"corrupt header: the key {dup[:200]!r} appears twice in one object")
+    return d
+  try: text = raw.decode("utf-8")
+  except UnicodeDecodeError as e: raise StateFileError(path, f"corrupt header: not UTF-8 JSON ({e})") from None
+  try: return json.loads(text, object_pairs_hook=hook)
+  except _Refused as e: raise StateFileError(path, str(e)) from None
+  except RecursionError: raise StateFileError(path, "corrupt header: JSON nested too deeply (a safetensors header is 3 levels deep)") from None
+  except MemoryError: raise StateFileError(path, f"refused: the {len(raw)}-byte header does not fit in memory when parsed") from None
+  except ValueError as e: raise StateFileError(path, f"corrupt header: not UTF-8 JSON ({str(e)[:300]})") from None  # incl. over-long numbers
+
+
+def _shape(shape: Any, dt: DType) -> str | None:
+  """Why `shape` is not a valid shape for dtype `dt`, or None."""
+  if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+    return f"shape must be a list of ints >= 0, got {shape!r}"[:300]
+  if len(shape) > MAX_DIMS: return f"shape has {len(shape)} dimensions, more than the {MAX_DIMS} a tensor may have"
+  if prod(max(s, 1) for s in shape) * dt.itemsize >= _MAX_ELEMENTS:
+    return f"shape {shape} is too big to address (over 2**62 bytes even counting a zero dimension as 1)"[:300]
+  return None
+
+
+def _parse_header(path: Path, raw: bytes, data_len: int) -> tuple[dict[str, tuple[DType, tuple[int, ...], int, int]], dict[str, str]]:
+  """(name → (dtype, shape, begin, end)) and the metadata of a header whose data part holds `data_len` bytes."""
+  header = _json(path, raw)
   if not isinstance(header, dict): raise StateFileError(path, f"corrupt header: a JSON {type(header).__name__}, not an object")
   meta = header.pop("__metadata__", {})
   if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
     raise StateFileError(path, "corrupt header: __metadata__ must map strings to strings")
   entries: dict[str, tuple[DType, tuple[int, ...], int, int]] = {}
   for name, info in header.items():
-    def bad(why: str, name: str = name) -> StateFileError: return StateFileError(path, f"tensor {name!r}: {why}")
+    def bad(why: str, name: str = name) -> StateFileError: return StateFileError(path, f"tensor {name[:200]!r}: {why}")
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-      raise bad(f"needs exactly dtype, shape and data_offsets, got {info!r}")
-    if (dt := SAFE_DTYPES.get(info["dtype"])) is None: raise bad(f"unsupported dtype {info['dtype']!r} (supported: {', '.join(SAFE_DTYPES)})")
+      raise bad(f"needs exactly dtype, shape and data_offsets, got {info!r}"[:400])
+    if not isinstance(dname := info["dtype"], str) or (dt := SAFE_DTYPES.get(dname)) is None:
+      raise bad(f"unsupported dtype {dname!r} (supported: {', '.join(SAFE_DTYPES)})"[:400])
     shape, offs = info["shape"], info["data_offsets"]
-    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
-      raise bad(f"shape must be a list of ints >= 0, got {shape!r}")
+    if (why := _shape(shape, dt)) is not None: raise bad(why)
     if not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs) or not 0 <= offs[0] <= offs[1]:
-      raise bad(f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}")
+      raise bad(f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}"[:300])
     if (need := prod(shape) * dt.itemsize) != offs[1] - offs[0]:
-      raise bad(f"data_offsets {offs} hold {offs[1] - offs[0]} bytes but {info['dtype']} {shape} needs {need}")
+      raise bad(f"data_offsets {offs} hold {offs[1] - offs[0]} bytes but {dname} {shape} needs {need}"[:300])
     entries[name] = (dt, tuple(shape), offs[0], offs[1])
-  data_len, pos = len(raw) - 8 - n, 0
+  pos = 0
   for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
-    if begin != pos: raise StateFileError(path, f"corrupt data layout: tensor {name!r} starts at {begin}, expected {pos} (a hole or an overlap)")
+    if begin != pos:
+      raise StateFileError(path, f"corrupt data layout: tensor {name[:200]!r} starts at {begin}, expected {pos} (a hole or an overlap)")
     pos = end
   if pos != data_len:
     why = "truncated" if pos > data_len else "corrupt: trailing bytes"
     raise StateFileError(path, f"{why}: the tensors need {pos} data bytes, the file holds {data_len}")
-  return entries, meta, 8 + n
+  return entries, meta
+
+
+def _open(p: Path) -> tuple[Any, int]:
+  f = open(p, "rb")  # a missing file or a directory is an OSError (FileNotFoundError, ...), not a malformed file
+  try: return f, os.fstat(f.fileno()).st_size
+  except BaseException:
+    f.close()
+    raise
 
 
 def safe_load(path: str | os.PathLike[str], device: str | None = None) -> dict[str, Tensor]:
   """The tensors of a .safetensors file, by name, on `device` (default: Device.DEFAULT)."""
   p = Path(path)
-  raw = p.read_bytes()
-  entries, _, start = _parse_header(p, raw)
+  f, size = _open(p)
+  with f:
+    raw, data_len = _read_header(p, f, size)
+    entries, _ = _parse_header(p, raw, data_len)
+    data = f.read(data_len)
+  if len(data) != data_len: raise StateFileError(p, f"truncated: the tensors need {data_len} data bytes, only {len(data)} could be read")
   def arr(dt: DType, shape: tuple[int, ...], b: int) -> np.ndarray:
     if not prod(shape): return np.empty(shape, _np_dtype(dt))
-    return np.frombuffer(raw, _np_dtype(dt), prod(shape), start + b).reshape(shape)
+    if dt is dtypes.bool: return (np.frombuffer(data, np.uint8, prod(shape), b) != 0).reshape(shape)  # any nonzero byte is True
+    return np.frombuffer(data, _np_dtype(dt), prod(shape), b).reshape(shape)
   return {name: _to_tensor(arr(dt, shape, b), dt, device) for name, (dt, shape, b, _) in entries.items()}
 
 
 def safe_load_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
-  """The `__metadata__` strings of a .safetensors file (the file is fully validated)."""
+  """The `__metadata__` strings of a .safetensors file (the header is fully validated against the file's size)."""
   p = Path(path)
-  return _parse_header(p, p.read_bytes())[1]
+  f, size = _open(p)
+  with f: return _parse_header(p, *_read_header(p, f, size))[1]
 
 
 def _check_saveable(name: str, t: Tensor, path: Path) -> None:

@@ -16,7 +16,7 @@ import pluggy
 from plugrad.errors import InvalidDeviceStringError
 
 PROJECT_NAME = "plugrad"
-API_VERSION: tuple[int, int] = (2, 0)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md)
+API_VERSION: tuple[int, int] = (2, 1)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md); 2.1 added DeviceSpec.count
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -28,13 +28,19 @@ _DEVICE_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)(?::([0-9]+))?")
 @dataclass(frozen=True)
 class DeviceSpec:
   """What a plugin declares about one device. Built by `plugrad_devices()`; validated on construction so that a
-  malformed record fails inside the plugin that made it (and is recorded against that plugin)."""
+  malformed record fails inside the plugin that made it (and is recorded against that plugin).
+
+  `count` (API 2.1, optional): how many devices of this name exist here, an int or a callable returning one (called
+  once, after the probe passed, so it may ask the driver). `NAME:i` with i >= count is refused with DeviceIndexError,
+  and a count of 0 makes the device unavailable. None (the default, and what a plugin built for 2.0 gives): not
+  reported, every index is accepted (virtual devices like PYTHON:3)."""
   name: str
   api: tuple[int, int]
   priority: int = 0
   probe: Callable[[], str | None] | None = None
   aliases: tuple[str, ...] = ()
   description: str = ""
+  count: int | Callable[[], int] | None = None
 
   def __post_init__(self) -> None:
     if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -49,6 +55,10 @@ class DeviceSpec:
       raise ValueError(f"DeviceSpec({self.name}).aliases must be a tuple of upper-case identifiers, got {self.aliases!r}")
     if self.name in self.aliases: raise ValueError(f"DeviceSpec({self.name}) lists its own name among its aliases")
     if not isinstance(self.description, str): raise TypeError(f"DeviceSpec({self.name}).description must be a str, got {self.description!r}")
+    if self.count is not None and not callable(self.count):
+      if not isinstance(self.count, int) or isinstance(self.count, bool):
+        raise TypeError(f"DeviceSpec({self.name}).count must be None, an int >= 0 or a callable returning one, got {self.count!r}")
+      if self.count < 0: raise ValueError(f"DeviceSpec({self.name}).count must be >= 0, got {self.count}")
 
   @property
   def api_str(self) -> str: return f"{self.api[0]}.{self.api[1]}"

@@ -4,6 +4,8 @@ its plugin API version, detects device-name conflicts and calls the component ho
 Nothing here runs at `import plugrad`: entry points are read on the first device use (`PluginManager.load`). A plugin
 that fails is recorded with its distribution, version and traceback and skipped, so one broken backend never breaks
 the core or the other devices; asking for a device it would have provided re-raises the recorded cause with a remedy.
+The same holds after loading: a probe or device count that raises, or a component hook that raises for a device its
+plugin does not declare, takes away only what that plugin provides (docs/security.md, "Devices").
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from plugrad.errors import (
 )
 from plugrad.helpers import SettingsError
 from plugrad.plugin import hookspecs
-from plugrad.plugin.hookspecs import API_VERSION, PROJECT_NAME, DeviceSpec
+from plugrad.plugin.hookspecs import API_VERSION, PROJECT_NAME, DeviceSpec, device_name
 
 ENTRY_POINT_GROUP = "plugrad"
 # Devices whose plugin we publish: an unknown name among these gets an exact install command.
@@ -43,6 +45,11 @@ ErrorFactory = Callable[[], DeviceError]
 
 class PluginWarning(UserWarning):
   """A plugin failed and was skipped (only when PLUGRAD_STRICT_PLUGINS is not set; otherwise that is an error)."""
+
+
+class DeviceFallbackWarning(PluginWarning):
+  """The default device fell back past a device that failed, conflicts or is misconfigured (or past every fast device
+  to the reference interpreter); an error (`DeviceFallbackError`) under PLUGRAD_STRICT_PLUGINS=1."""
 
 
 class EntryPointLike(Protocol):
@@ -74,7 +81,9 @@ def _installed_entry_points() -> list[EntryPointLike]: return list(importlib.met
 
 @dataclass
 class PluginRecord:
-  """One plugin as the manager sees it. `status` is "active", "failed" or "blocked"; `reason` says why for the latter two."""
+  """One plugin as the manager sees it. `status` is "active", "conflict" (active, but a device name or alias it declares
+  is claimed by another plugin too: that name is unusable, its other devices work), "failed" or "blocked"; `reason`
+  says why for the last three."""
   name: str                      # the entry point name ("builtin" for PYTHON and NULL)
   distribution: str
   version: str
@@ -95,7 +104,7 @@ class PluginRecord:
   @property
   def api(self) -> str: return ", ".join(dict.fromkeys(s.api_str for s in self.specs)) or "-"
   @property
-  def status_text(self) -> str: return f"failed: {self.reason}" if self.status == "failed" else self.status
+  def status_text(self) -> str: return f"{self.status}: {self.reason}" if self.status in ("failed", "conflict") else self.status
 
   def exception(self, device: str | None = None) -> DeviceError:
     """A fresh error for a failed plugin (raised each time the device is asked for), chained to the recorded cause."""
@@ -135,9 +144,10 @@ class PluginManager:
     self._devices: dict[str, DeviceEntry] = {}
     self._aliases: dict[str, str] = {}
     self._errors: dict[str, ErrorFactory] = {}   # a declared name or alias that cannot be used, and why
-    self._conflicts: list[str] = []
+    self._conflicts: dict[str, list[tuple[DeviceSpec, PluginRecord]]] = {}  # a name claimed more than once: the claims
     self._known: set[str] = set()                # every declared device name (usable or not), aliases excluded
-    self._probes: dict[str, tuple[str | None, ErrorFactory | None]] = {}
+    self._probes: dict[str, Probed] = {}
+    self._skipped_hooks: set[tuple[str, str]] = set()  # (plugin, hook) already warned about raising for a foreign device
     self._fatal: ErrorFactory | None = None
     self._loaded = False
     self._lock = threading.RLock()
@@ -260,19 +270,25 @@ class PluginManager:
   def _rebuild(self) -> None:
     claims: dict[str, list[tuple[DeviceSpec, PluginRecord]]] = {}
     for rec in self._records:
+      if rec.status == "conflict": rec.status, rec.reason = "active", ""  # recomputed below
       if rec.status != "active": continue
       for s in rec.specs:
         for key in (s.name, *s.aliases): claims.setdefault(key, []).append((s, rec))
-    self._devices, self._aliases, self._errors, self._conflicts = {}, {}, {}, []
+    self._devices, self._aliases, self._errors, self._conflicts = {}, {}, {}, {}
     for key, cl in claims.items():
-      if len(cl) > 1: self._errors[key] = _conflict(key, cl); self._conflicts.append(key)
+      if len(cl) > 1: self._errors[key], self._conflicts[key] = _conflict(key, cl), cl
       elif cl[0][0].name == key: self._devices[key] = DeviceEntry(*cl[0])
       else: self._aliases[key] = cl[0][0].name
+    for key, cl in self._conflicts.items():
+      for rec in {id(r): r for _, r in cl}.values():
+        others = ", ".join(dict.fromkeys(r.label for _, r in cl if r is not rec)) or "itself (declared twice)"
+        why = f"device name {key!r} is also claimed by {others}"
+        rec.status, rec.reason = "conflict", f"{rec.reason}; {why}" if rec.reason else why
     for rec in self._records:  # devices of plugins refused after declaring them (API version): name the cause
       if rec.status != "failed": continue
       for s in rec.specs:
         for key in (s.name, *s.aliases): self._errors.setdefault(key, functools.partial(rec.exception, key))
-    self._known = {s.name for r in self._records if r.status in ("active", "failed") for s in r.specs}
+    self._known = {s.name for r in self._records if r.status in ("active", "conflict", "failed") for s in r.specs}
     self._probes.clear()
 
   def _strict_failure(self) -> ErrorFactory | None:
@@ -289,6 +305,13 @@ class PluginManager:
       try: self.load()
       except DeviceError: pass  # strict mode: the records are still what `python -m plugrad plugins` shows
       return list(self._records)
+
+  def conflicts(self) -> list[str]:
+    """The device names and aliases claimed by more than one plugin (each unusable: PluginConflictError)."""
+    with self._lock:
+      try: self.load()
+      except DeviceError: pass  # strict mode: listed all the same
+      return list(self._conflicts)
 
   def resolve(self, name: str) -> str:
     """The device name that `name` (upper-cased; a name or an alias, no index) refers to. Raises UnknownDeviceError,
@@ -314,15 +337,28 @@ class PluginManager:
     self.load()
     return sorted(self._devices.values(), key=lambda e: (-e.spec.priority, e.spec.name))
 
-  def probe(self, name: str) -> str | None:
-    """None when the device can be used here, else the probe's reason (cached). A probe that raises or returns something
-    other than None or a str is a plugin bug: PluginHookError."""
+  def _probed(self, name: str) -> Probed:
     entry = self.entry(name)
     key = entry.spec.name
-    if key not in self._probes: self._probes[key] = _run_probe(entry)
-    reason, error = self._probes[key]
-    if error is not None: raise error()
-    return reason
+    if (p := self._probes.get(key)) is None:
+      with self._lock:
+        if (p := self._probes.get(key)) is None: p = self._probes[key] = _run_probe(entry)
+    return p
+
+  def probe(self, name: str) -> str | None:
+    """None when the device can be used here, else the probe's reason (cached; a device count of 0 is a reason too).
+    A probe or count that raises or returns the wrong type is a plugin bug: PluginHookError; a probe that raises
+    SettingsError (a user setting makes the device unusable, e.g. CC names no compiler) raises that again."""
+    p = self._probed(name)
+    if p.error is not None: raise p.error()
+    return p.reason
+
+  def count(self, name: str) -> int | None:
+    """How many devices of this name exist here (DeviceSpec.count), or None when the plugin does not say. Raises what
+    `probe` raises; only meaningful for an available device."""
+    p = self._probed(name)
+    if p.error is not None: raise p.error()
+    return p.count
 
   def available(self) -> list[str]:
     """The usable device names whose probe passes, highest priority first. A probe that raises counts as unavailable
@@ -331,8 +367,35 @@ class PluginManager:
     for e in self.devices():
       try:
         if self.probe(e.spec.name) is None: out.append(e.spec.name)
-      except PluginHookError:
+      except (DeviceError, SettingsError):
         if self.strict: raise
+    return out
+
+  def fallback_causes(self, chosen: DeviceSpec | None) -> list[FallbackCause]:
+    """Why the default device is `chosen` (None: nothing could be) rather than a device of higher priority. A failure,
+    a conflict, a raising probe or count, or a misconfigured device outranking it is a cause; so is a device that is
+    merely unavailable here (no driver, no compiler) or a plugin that failed before declaring its devices, but only
+    when the default fell to a last resort (priority <= 0: the reference interpreter). Blocked plugins
+    (PLUGRAD_PLUGINS, PLUGRAD_NO_PLUGINS) never are: that was asked for."""
+    self.load()
+    prio = chosen.priority if chosen is not None else None
+    last_resort = prio is None or prio <= 0
+    def outranks(p: int) -> bool: return p >= 0 and (prio is None or p > prio)
+    out: list[FallbackCause] = []
+    for key, cl in self._conflicts.items():
+      if outranks(max(s.priority for s, _ in cl)): out.append(FallbackCause(str(self._errors[key]()), self._errors[key]))
+    for rec in self._records:
+      if rec.status != "failed": continue
+      if rec.specs and not outranks(max(s.priority for s in rec.specs)): continue
+      if not rec.specs and not last_resort: continue
+      what = f"device(s) {', '.join(rec.devices)}: " if rec.specs else ""
+      out.append(FallbackCause(f"{what}{str(rec.exception()).splitlines()[0]}", rec.exception))
+    for e in self.devices():
+      if not outranks(e.spec.priority) or (chosen is not None and e.spec.name == chosen.name): continue
+      p = self._probed(e.spec.name)
+      if p.error is not None: out.append(FallbackCause(str(p.error()), p.error, e.spec.name))
+      elif p.reason is not None and last_resort:
+        out.append(FallbackCause(f"device {e.spec.name} (priority {e.spec.priority}) is unavailable here: {p.reason}", None, e.spec.name))
     return out
 
   def call_component(self, hook: str, device: str, **kwargs: Any) -> tuple[Any, PluginRecord | None]:
@@ -344,11 +407,27 @@ class PluginManager:
     for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
       rec = self._by_regname[impl.plugin_name]
       try: ret = impl.function(*[args[a] for a in impl.argnames])
-      except (DeviceError, SettingsError): raise  # already typed by the plugin (unavailable driver, a bad THREADS, ...)
       except Exception as e:
-        raise PluginHookError(f"{hook}({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
+        if not self._foreign_failure(hook, device, rec, e):
+          if isinstance(e, (DeviceError, SettingsError)): raise  # already typed by the plugin (unavailable driver, a bad THREADS, ...)
+          raise PluginHookError(f"{hook}({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
+        continue
       if ret is not None: return ret, rec
     return None, None
+
+  def _foreign_failure(self, hook: str, device: str, rec: PluginRecord, e: Exception) -> bool:
+    """Whether a hook that raised for `device` is skipped: when its plugin does not declare that device (a buggy
+    override, or a plugin whose hook fails for every device), so that it never takes away another plugin's device. It
+    warns once per plugin and hook; under PLUGRAD_STRICT_PLUGINS=1 it is an error instead."""
+    name = device_name(device)
+    if isinstance(e, SettingsError): return False  # the user's setting: reported, whoever reads it
+    if any(name == s.name or name in s.aliases for s in rec.specs) or self.strict: return False
+    if (rec.name, hook) not in self._skipped_hooks:
+      self._skipped_hooks.add((rec.name, hook))
+      warnings.warn(f"plugrad: plugin {rec.name!r} ({rec.label}): {hook}({device!r}) raised {type(e).__name__}: {e}; it does not declare "
+                    f"{name}, so it was skipped and the next plugin's {hook} used (an override of {name} in it is not in effect)",
+                    PluginWarning, stacklevel=4)
+    return True
 
   def conformance_xfails(self, device: str) -> dict[str, str]:
     """The merged {test pattern: reason} every plugin declares for `device` (plugrad_conformance_xfails)."""
@@ -394,21 +473,60 @@ def _check_api(s: DeviceSpec, rec: PluginRecord) -> None:
   raise PluginAPIVersionError(f"{rec.label} was built for plugin API {s.api_str}, this plugrad has {cmaj}.{cmin}: {remedy}")
 
 
-def _run_probe(entry: DeviceEntry) -> tuple[str | None, ErrorFactory | None]:
-  if entry.spec.probe is None: return None, None
-  where = f"the probe of device {entry.spec.name} in plugin {entry.plugin.name!r} ({entry.plugin.label})"
-  try: ret = entry.spec.probe()
-  except Exception as e:
-    msg, cause = f"{where} raised {type(e).__name__}: {e}; a probe returns None or a reason string and never raises", e
-    def raised() -> DeviceError:
-      err = PluginHookError(msg)
-      err.__cause__ = cause
-      return err
-    return None, raised
-  if ret is not None and not isinstance(ret, str):
-    bad = f"{where} returned {_describe(ret)}; expected None or a reason string"
-    return None, lambda: PluginHookError(bad)
-  return ret, None
+@dataclass(frozen=True)
+class FallbackCause:
+  """One reason the default device is not a device of higher priority: its text, the error it stands for (None for a
+  device that is merely unavailable here) and the declared device it is about (None: a plugin failure or conflict)."""
+  text: str
+  error: Callable[[], Exception] | None = None
+  device: str | None = None
+
+
+@dataclass(frozen=True)
+class Probed:
+  """What a device's probe and count said (once per manager): the reason it is unavailable, the error a misbehaving
+  probe or count raises again on every use, and the count (None: not reported)."""
+  reason: str | None = None
+  error: Callable[[], Exception] | None = None
+  count: int | None = None
+
+
+def _raiser(make: Callable[[str], Exception], msg: str, cause: BaseException) -> Callable[[], Exception]:
+  def raised() -> Exception:
+    err = make(msg)
+    err.__cause__ = cause
+    return err
+  return raised
+
+
+def _call_plugin(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+  """fn()'s result, or the exception it raised: anything but Ctrl-C (SystemExit, RecursionError, ...) is the plugin's."""
+  try: return fn(), None
+  except KeyboardInterrupt: raise
+  except BaseException as e: return None, e
+
+
+def _run_probe(entry: DeviceEntry) -> Probed:
+  spec, who = entry.spec, f"in plugin {entry.plugin.name!r} ({entry.plugin.label})"
+  if spec.probe is not None:
+    where = f"the probe of device {spec.name} {who}"
+    ret, e = _call_plugin(spec.probe)
+    if isinstance(e, SettingsError):  # a user setting makes the device unusable: misconfigured, not a plugin bug
+      return Probed(error=_raiser(SettingsError, f"device {spec.name} is misconfigured: {e} ({who[3:]})", e))
+    if e is not None:
+      why = f"{where} raised {type(e).__name__}: {e}; a probe returns None or a reason string (or raises SettingsError for a bad setting)"
+      return Probed(error=_raiser(PluginHookError, why, e))
+    if ret is not None and not isinstance(ret, str):
+      return Probed(error=_raiser(PluginHookError, f"{where} returned {_describe(ret)}; expected None or a reason string", TypeError(ret)))
+    if ret is not None: return Probed(reason=ret)
+  if spec.count is None: return Probed()
+  n, e = _call_plugin(spec.count) if callable(spec.count) else (spec.count, None)
+  where = f"the device count of {spec.name} {who}"
+  if e is not None: return Probed(error=_raiser(PluginHookError, f"{where} raised {type(e).__name__}: {e}", e))
+  if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    return Probed(error=_raiser(PluginHookError, f"{where} returned {_describe(n)}; expected an int >= 0", TypeError(n)))
+  if n == 0: return Probed(reason=f"plugin {entry.plugin.name!r} ({entry.plugin.label}) reports no {spec.name} devices here", count=0)
+  return Probed(count=n)
 
 
 def _conflict(key: str, claims: list[tuple[DeviceSpec, PluginRecord]]) -> ErrorFactory:

@@ -47,12 +47,19 @@ class Renderer(abc.ABC):
   safe_int_div: bool = False
   safe_shifts: bool = False
   nan_max: bool = False
+  # float POW is C's pow: a negative base to an integral power has its sign, 0 to a negative power is inf, x**0 is 1
+  # (WGSL's and Metal's pow are undefined below zero: the codegen spells those cases out around pow(|a|, b))
+  full_pow: bool = False
   native_bfloat16: bool = False
   # The transcendentals (EXP2, LOG2, SIN) the device computes itself to float32 accuracy; the codegen writes the others
   # out as polynomials (float16/bfloat16 through float32; float64 is never rewritten: a device with float64 computes
   # its transcendentals). Empty: the least capable device. `math_is_native` may answer per dtype instead.
   native_math: frozenset[Ops] = frozenset()
   extra_matcher: PatternMatcher | None = None  # the backend's own rewrites of the kernel graph, after the shared passes
+  # The PYTHON interpreter's target (`EMULATE=...`, builtin/python_renderer.py TARGETS) that describes this device for
+  # the conformance suite's emulate tier; None: the one named like the device, if any. A device whose architectures
+  # differ (AMD: RDNA3 WMMA is "AMD", CDNA3 MFMA "AMD_MFMA") names the one its renderer targets.
+  emulate_target: str | None = None
 
   def __init__(self, device: str):
     if not isinstance(device, str) or not device: raise RendererError(f"a Renderer needs the device name as a non-empty str, got {device!r}")

@@ -87,6 +87,7 @@ class CStyleRenderer(Renderer):
   # per address instead (a 8x32 matmul tile spilled 32 of them, one extra load per FMA pair)
   offset_addressing = False
   native_math = GroupOp.Transcendental  # the math library's exp2, log2, sin
+  full_pow = True  # C's pow (a dialect whose pow is undefined below zero sets False)
   type_map: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
                                 dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
                                 dtypes.uint64: "unsigned long long", dtypes.float16: "half", dtypes.bfloat16: "__bf16", dtypes.float32: "float",

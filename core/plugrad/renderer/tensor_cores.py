@@ -40,7 +40,7 @@ def make_layout(threads: int, elements: int, where: Callable[[int, int], tuple[i
 @dataclass(frozen=True)
 class TensorCore:
   name: str                          # unique within `device`, e.g. "m16n8k16_float16_float32"
-  device: str                        # the device family whose instruction this is: "CUDA", "METAL", "AMD"
+  device: str                        # the device family whose instruction this is: "CUDA", "METAL", "AMD", "AMD_MFMA"
   dims: tuple[int, int, int]         # (N, M, K)
   dtype_in: DType                    # of A and B
   dtype_out: DType                   # of C and D
@@ -91,11 +91,12 @@ class TensorCore:
 
 
 def _tc(device: str, dims: tuple[int, int, int], dtype_in: DType, dtype_out: DType, elements: tuple[int, int, int], source: str,
-        a: Callable[[int, int], tuple[int, int]], b: Callable[[int, int], tuple[int, int]], c: Callable[[int, int], tuple[int, int]]) -> TensorCore:
+        a: Callable[[int, int], tuple[int, int]], b: Callable[[int, int], tuple[int, int]], c: Callable[[int, int], tuple[int, int]],
+        threads: int = 32) -> TensorCore:
   n, m, k = dims
   names = {dtypes.float16: "float16", dtypes.bfloat16: "bfloat16", dtypes.float32: "float32"}
-  return TensorCore(f"m{m}n{n}k{k}_{names[dtype_in]}_{names[dtype_out]}", device, dims, dtype_in, dtype_out, 32, elements,
-                    make_layout(32, elements[0], a), make_layout(32, elements[1], b), make_layout(32, elements[2], c), source)
+  return TensorCore(f"m{m}n{n}k{k}_{names[dtype_in]}_{names[dtype_out]}", device, dims, dtype_in, dtype_out, threads, elements,
+                    make_layout(threads, elements[0], a), make_layout(threads, elements[1], b), make_layout(threads, elements[2], c), source)
 
 
 # ---- CUDA: mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32
@@ -137,6 +138,7 @@ METAL_TENSOR_CORES: tuple[TensorCore, ...] = tuple(
 # "How to accelerate AI applications on RDNA 3 using WMMA" (2023). Lane l holds row l%16 of A and column l%16 of B,
 # all 16 K values; lanes 16..31 must hold the same A and B values as lanes 0..15 (gfx11 replicates the inputs).
 # The f32 result: element i of lane l is D[2*i + l//16][l%16].
+# RDNA4 (gfx12) changed the WMMA fragments (no replication, 8 elements per lane): not described here.
 _AMD_SRC = "AMD RDNA3 ISA guide 7.9 (WMMA) and GPUOpen 'How to accelerate AI applications on RDNA 3 using WMMA'"
 
 
@@ -148,7 +150,28 @@ def _amd_c(lane: int, e: int) -> tuple[int, int]: return 2 * e + lane // 16, lan
 AMD_TENSOR_CORES: tuple[TensorCore, ...] = tuple(
   _tc("AMD", (16, 16, 16), din, dtypes.float32, (16, 16, 8), _AMD_SRC, _amd_a, _amd_b, _amd_c) for din in (dtypes.float16, dtypes.bfloat16))
 
-TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {"CUDA": CUDA_TENSOR_CORES, "METAL": METAL_TENSOR_CORES, "AMD": AMD_TENSOR_CORES}
+
+# ---- AMD CDNA3 (gfx942, MI300): v_mfma_f32_16x16x16_{f16,bf16} (bf16: the `_1k` form), wave64
+# Source: AMD CDNA3 ISA reference guide, chapter 7 "Matrix Arithmetic Instructions", and AMD's Matrix Instruction
+# Calculator (`matrix_calculator.py --architecture cdna3 --instruction v_mfma_f32_16x16x16_f16 --detail-instruction`):
+#   A[i][k]: lane = i + 16 * (k // 4), item = k % 4     B[k][j]: lane = j + 16 * (k // 4), item = k % 4
+#   D[i][j]: lane = j + 16 * (i // 4), item = i % 4
+# so lane l holds row l%16 of A and column l%16 of B at K = 4*(l//16) .. +3, and D's rows 4*(l//16) .. +3 of column
+# l%16. No lane repeats an element (unlike RDNA3's WMMA). Its own family, "AMD_MFMA": the names repeat RDNA3's.
+_AMD_MFMA_SRC = "AMD CDNA3 ISA guide ch. 7 (MFMA) and AMD Matrix Instruction Calculator, v_mfma_f32_16x16x16_f16 --detail-instruction"
+
+
+def _mfma_a(lane: int, e: int) -> tuple[int, int]: return lane % 16, 4 * (lane // 16) + e
+def _mfma_b(lane: int, e: int) -> tuple[int, int]: return 4 * (lane // 16) + e, lane % 16
+def _mfma_c(lane: int, e: int) -> tuple[int, int]: return 4 * (lane // 16) + e, lane % 16
+
+
+AMD_MFMA_TENSOR_CORES: tuple[TensorCore, ...] = tuple(
+  _tc("AMD_MFMA", (16, 16, 16), din, dtypes.float32, (4, 4, 4), _AMD_MFMA_SRC, _mfma_a, _mfma_b, _mfma_c, threads=64)
+  for din in (dtypes.float16, dtypes.bfloat16))
+
+TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {"CUDA": CUDA_TENSOR_CORES, "METAL": METAL_TENSOR_CORES, "AMD": AMD_TENSOR_CORES,
+                                                   "AMD_MFMA": AMD_MFMA_TENSOR_CORES}
 
 
 class UnknownTensorCoreError(ValueError):

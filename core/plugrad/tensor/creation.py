@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, dtypes, to_dtype
+from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, DTypeRangeError, check_fits, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
+from plugrad.tensor.helpers import ArgumentError, argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
-from plugrad.uop.shape import ShapeError
+from plugrad.uop.shape import ShapeError, fmt
 
 if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
@@ -51,8 +51,7 @@ def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
     dt = dtype or dtypes.from_py(data)
-    if isinstance(data, int) and dtypes.is_int(dt) and not dtypes.min(dt) <= data <= dtypes.max(dt):
-      raise ValueError(f"Tensor({data}) does not fit in {dt} (range {dtypes.min(dt)}..{dtypes.max(dt)}); pass dtype=")
+    if isinstance(data, int) and not isinstance(data, bool): check_fits(data, dt, f"Tensor({data})")
     u = from_numpy(np.array(data, np.float32 if dt is dtypes.bfloat16 else dtypes.to_numpy(dt)), device)
     return u.cast(dt) if u.dtype is not dt else u
   if data is None: data = np.zeros((0,), dtypes.to_numpy(dtype or dtypes.default_float) if dtype is not dtypes.bfloat16 else np.float32)
@@ -61,7 +60,8 @@ def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:
     content = dtypes.from_py(data)  # also rejects anything that is not a number or a bool
     dt = dtype or content
     try: arr = np.array(data, dtype=np.float32 if dt is dtypes.bfloat16 else dtypes.to_numpy(dt))
-    except OverflowError as e: raise ValueError(f"Tensor data does not fit in {dt} ({e}); pass a wider dtype") from None
+    except OverflowError as e:
+      raise DTypeRangeError(f"Tensor data does not fit in {dt!r} (range {dt.min}..{dt.max}; {e}); pass a wider dtype") from None
     except ValueError as e: raise ValueError(f"Tensor data must be a rectangular nested list ({e})") from None
     u = from_numpy(arr, device)
     return u.cast(dt) if u.dtype is not dt else u
@@ -86,6 +86,8 @@ def full(cls: type[Tensor], shape: Any, fill_value: Any, dtype: DTypeLike | None
   from plugrad.engine.buffers import new_buffer
   shape = check_shape(argfix(shape) if isinstance(shape, (tuple, list)) else (shape,), "full")
   dt = to_dtype(dtype) if dtype is not None else fill_value.dtype if isinstance(fill_value, UOp) else dtypes.from_py(fill_value)
+  if isinstance(fill_value, np.generic): fill_value = fill_value.item()
+  check_fits(fill_value, dt, "full")
   dev = canonical_device(device)
   val = const_uop(fill_value, dt, dev, shape)
   if buffer and prod(shape): val = UOp(Ops.ASSIGN, dt, (new_buffer(dev, prod(shape), dt).reshape(shape), val))
@@ -119,18 +121,27 @@ def empty_like(self: Tensor, dtype: DTypeLike | None = None, device: str | None 
 
 def arange(cls: type[Tensor], start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DTypeLike | None = None,
            device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-  """[start, start+step, ...) up to `stop` (exclusive); `arange(n)` is [0, n). Floats anywhere make it default_float."""
+  """[start, start+step, ...) up to `stop` (exclusive); `arange(n)` is [0, n); a range whose step points away from
+  `stop` is empty (numpy). PyTorch's dtype rule: integer bounds give the default int (int64 when a value does not fit
+  it), a float anywhere the default float. With an integer `dtype` and float bounds, the float values are truncated."""
   if stop is None: start, stop = 0, start
+  start, stop, step = (v.item() if isinstance(v, np.generic) else v for v in (start, stop, step))
   for v in (start, stop, step):
     if not isinstance(v, (int, float)): raise TypeError(f"arange takes int or float bounds, got {type(v).__name__} {v!r}")
+  for v in (start, stop, step):
+    if isinstance(v, float) and not math.isfinite(v): raise ValueError(f"arange: bounds must be finite, got start={start}, stop={stop}, step={step}")
   if step == 0: raise ValueError("arange: step must not be 0")
   floats = any(isinstance(v, float) for v in (start, stop, step))
-  dt = to_dtype(dtype) if dtype is not None else dtypes.default_float if floats else dtypes.default_int
-  n = max(math.ceil((stop - start) / step), 0)
+  n = int(max(math.ceil((stop - start) / step), 0) if floats else max(-((start - stop) // step), 0))
+  last = start + (n - 1) * step if n else start
+  if dtype is not None: dt = to_dtype(dtype)
+  elif floats: dt = dtypes.default_float
+  else: dt = dtypes.default_int if all(dtypes.default_int.min <= v <= dtypes.default_int.max for v in (start, last)) else dtypes.int64
+  if n and dtypes.is_int(dt):
+    for v in (start, last): check_fits(v, dt, f"arange({start}, {stop}, {step})")
   dev = canonical_device(device)
   idx = iota(n, dev, dtypes.int64 if n > dtypes.max(dtypes.int32) else dtypes.int32)
-  if dtypes.is_float(dt) or not floats:
-    ramp = cls._wrap(idx.cast(dt)) * step + start
+  if dtypes.is_float(dt) or not floats: ramp = cls._wrap(idx.cast(dt)) * step + start  # integers: exact, in the result dtype
   else: ramp = (cls._wrap(idx.cast(dtypes.default_float)) * step + start).cast(dt)
   return _finish(ramp.cast(dt), requires_grad)
 
@@ -158,11 +169,16 @@ def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None
 
 
 def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
-  """Coordinate grids from 1-D tensors: with "ij" output i varies along axis i; "xy" swaps the first two axes."""
-  if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+  """Coordinate grids from 0-d or 1-d tensors: with "ij" output i varies along axis i; "xy" swaps the first two axes.
+  The tensors may differ in dtype (each grid keeps its own, as tinygrad; PyTorch requires one dtype)."""
+  from plugrad.tensor.tensor import Tensor
+  if indexing not in ("ij", "xy"): raise ArgumentError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+  for t in args:
+    if not isinstance(t, Tensor): raise TypeError(f"meshgrid takes Tensors, got a {type(t).__name__} ({t!r:.60})")
+    if t.device != self.device: raise ValueError(f"meshgrid: tensors on different devices ({self.device} and {t.device}); move one with .to()")
   ts = [t.reshape(-1) if t.ndim == 0 else t for t in (self, *args)]
   for t in ts:
-    if t.ndim != 1: raise ShapeError(f"meshgrid takes 0-d or 1-d tensors, got shape {t.shape}")
+    if t.ndim != 1: raise ShapeError(f"meshgrid takes 0-d or 1-d tensors, got shape {fmt(t.shape)}")
   sizes = [t.shape[0] for t in ts]
   if indexing == "xy" and len(ts) >= 2: sizes[0], sizes[1] = sizes[1], sizes[0]
   out = []

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float
-from plugrad.tensor.helpers import broadcast_shape, const_uop, tensor_cls
+from plugrad.tensor.helpers import ArgumentError, broadcast_shape, const_uop, tensor_cls
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -103,7 +103,8 @@ def _floordiv_int(a: Tensor, b: Tensor) -> Tensor:
 
 
 def div(self: Tensor, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
-  if rounding_mode not in (None, "trunc", "floor"): raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+  if rounding_mode not in (None, "trunc", "floor"):
+    raise ArgumentError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
   a, b = broadcasted(self, x, reverse, "div")
   if rounding_mode is not None and not dtypes.is_float(a.dtype):
     if a.dtype is dtypes.bool: a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
@@ -131,8 +132,9 @@ def fmod(self: Tensor, x: Tensor | Scalar) -> Tensor:
 
 def pow(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
   base, exponent = broadcasted(self, x, reverse, "pow")
-  if not dtypes.is_float(base.dtype) and isinstance(x, int) and not reverse and x < 0:
-    raise ValueError(f"pow: an integer tensor ({self.dtype}) to a negative integer power ({x}) is not an integer; cast to float first")
+  if not dtypes.is_float(base.dtype) and isinstance(x, int) and not isinstance(x, bool) and not reverse and x < 0:
+    raise ArgumentError(f"pow: an integer tensor ({self.dtype}) to a negative integer power ({x}) is not an integer "
+                        "(PyTorch raises too); cast to float first")
   if base.dtype is dtypes.bool: base, exponent = base.cast(dtypes.default_int), exponent.cast(dtypes.default_int)
   return _alu(Ops.POW, base, exponent)
 
@@ -150,12 +152,13 @@ def sign(self: Tensor) -> Tensor:
   if self.dtype is dtypes.bool: return self
   if dtypes.is_unsigned(self.dtype): return (self > 0).cast(self.dtype)
   s = (self < 0).where(_const_like(self, -1), (self > 0).cast(self.dtype))
-  return s + self * 0 if dtypes.is_float(self.dtype) else s  # x*0 keeps nan
+  return self.isnan().where(self.detach(), s) if dtypes.is_float(self.dtype) else s  # nan stays nan; the gradient is 0
 
 
 def abs(self: Tensor) -> Tensor:
   if self.dtype is dtypes.bool or dtypes.is_unsigned(self.dtype): return self
-  return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
+  # floats: max(x, -x), whose gradient is sign(x) (0 at 0, where the tie splits it, as PyTorch), also at ±inf
+  return _alu(Ops.MAX, self, -self) if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
 
 
 def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:
@@ -182,9 +185,11 @@ def minimum(self: Tensor, x: Tensor | Scalar) -> Tensor:
 
 
 def clip(self: Tensor, min_: Tensor | Scalar | None = None, max_: Tensor | Scalar | None = None) -> Tensor:
+  """min(max(x, min_), max_) (so max_ wins where min_ > max_), with PyTorch's gradient: x's passes where
+  min_ <= x <= max_, bounds included (tinygrad's maximum/minimum would halve it there); nan stays nan."""
   if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
-  ret = self if min_ is None else self.maximum(min_)
-  return ret if max_ is None else ret.minimum(max_)
+  ret = self if min_ is None else (self < min_).where(min_, self)
+  return ret if max_ is None else (ret > max_).where(max_, ret)
 
 
 # ---- selection
@@ -254,7 +259,10 @@ def bitwise_not(self: Tensor) -> Tensor:
 
 
 def _shift(self: Tensor, x: Any, reverse: bool, op: Ops, name: str) -> Tensor:
-  if isinstance(x, int) and not isinstance(x, bool) and x < 0: raise ValueError(f"{name}: negative shift count {x}")
+  """A count outside [0, bits) shifts every bit out (0, or -1 for a negative value shifted right), as PyTorch: the
+  decomposition passes guard SHL/SHR so that no device sees C's undefined shift."""
+  if isinstance(x, int) and not isinstance(x, bool) and not reverse and (x < 0 or x >= 8 * self.dtype.itemsize) and dtypes.is_int(self.dtype):
+    x = 8 * self.dtype.itemsize  # out of range: any count past the width (the constant must fit the dtype)
   a, b = broadcasted(self, x, reverse, name)
   _need(a, dtypes.is_int(a.dtype), name, "integer")
   return _alu(op, a, b)
@@ -320,7 +328,8 @@ def _odd(x: Tensor, f: Any) -> Tensor:
 def _atan_pos(x: Tensor) -> Tensor:
   # reduce x >= 0 to |t| <= tan(pi/8): atan(x) = pi/2 + atan(-1/x) above tan(3pi/8), pi/4 + atan((x-1)/(x+1)) above tan(pi/8)
   big, mid = x > 2.414213562373095, x > 0.41421356237309503
-  t = big.where(-1 / big.where(x, 1.0), mid.where((x - 1) / (x + 1), x))  # the unused branches stay finite (no nan gradients)
+  xm = big.where(1.0, x)
+  t = big.where(-1 / big.where(x, 1.0), mid.where((xm - 1) / (xm + 1), x))  # each branch sees finite inputs (no nan gradients at inf)
   z = t * t
   p = _const_like(z, _ATAN_COEFFS[-1])
   for c in reversed(_ATAN_COEFFS[:-1]): p = p * z + c
@@ -348,11 +357,28 @@ def cosh(self: Tensor) -> Tensor:
   return (x.exp() + (-x).exp()) / 2
 
 
-def tanh(self: Tensor) -> Tensor: return 2 / (1 + (_floats(self) * -2).exp()) - 1
+def tanh(self: Tensor) -> Tensor:
+  """(1 - e) / (1 + e) with e = exp(-2|x|) in (0, 1], the sign restored: no overflow, so no inf * 0 in the gradient."""
+  def pos(y: Tensor) -> Tensor:
+    e = (y * -2).exp()
+    return (1 - e) / (1 + e)
+  return _odd(_floats(self), pos)
 
 
-def asinh(self: Tensor) -> Tensor: return _odd(_floats(self), lambda x: (x + (x * x + 1).sqrt()).log())
-def acosh(self: Tensor) -> Tensor: return (lambda x: (x + (x * x - 1).sqrt()).log())(_floats(self))
+def _big(x: Tensor) -> float:
+  """Above this, x*x + 1 rounds to x*x in x's dtype (and x*x still fits it): log(x + sqrt(x*x ± 1)) is log(2x)."""
+  return float(2 ** ((dtypes.finfo(x.dtype)[1] + 2) // 2 + 1))
+
+
+def _log_hypot_sum(x: Tensor, sign: int, safe: float) -> Tensor:
+  """log(x + sqrt(x*x + sign)) for x >= 1 (or >= 0 with sign=1), as log(x) + ln 2 for large x: x*x would overflow."""
+  big = x > _big(x)
+  xs, xb = big.where(safe, x), big.where(x, safe)  # each branch sees finite inputs: no inf * 0 in the gradient
+  return big.where(xb.log() + math.log(2), (xs + (xs * xs + sign).sqrt()).log())
+
+
+def asinh(self: Tensor) -> Tensor: return _odd(_floats(self), lambda x: _log_hypot_sum(x, 1, 1.0))
+def acosh(self: Tensor) -> Tensor: return _log_hypot_sum(_floats(self), -1, 2.0)
 def atanh(self: Tensor) -> Tensor: return (lambda x: ((1 + x) / (1 - x)).log() / 2)(_floats(self))
 
 
@@ -362,7 +388,8 @@ def erf(self: Tensor) -> Tensor:
     poly = _const_like(t, _ERF_A[-1])
     for a in reversed(_ERF_A[:-1]): poly = poly * t + a
     return 1 - poly * t * (-(x * x)).exp()
-  return _odd(_floats(self), pos)
+  # erf is 1 to every float's precision from 6 on: clamping there keeps x*x finite (and its gradient 0, not inf * 0)
+  return _odd(_floats(self), lambda x: pos((x > 6).where(6.0, x)))
 
 
 # ---- rounding (integer tensors are returned as they are)

@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 Shape = tuple[sint, ...]
 
 
+class ArgumentError(ValueError, RuntimeError):
+  """An argument the operation does not take: an unknown mode (`div(rounding_mode=)`, `scatter(reduce=)`, `meshgrid
+  (indexing=)`), options that exclude each other, an integer tensor to a negative integer power. The message names the
+  op and the value. A ValueError, and a RuntimeError as PyTorch raises in these cases, so code written for either catches it."""
+
+
 @functools.cache
 def tensor_cls() -> type[Tensor]:
   """The Tensor class (imported on first use: the op modules are imported by tensor.py itself)."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import all_int, prod
-from plugrad.tensor.helpers import broadcast_shape, ints
+from plugrad.tensor.helpers import ArgumentError, broadcast_shape, ints
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -347,7 +347,7 @@ def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | b
   """self with src[i][j] written at [index[i][j]][j] (dim 0); src may be a Python value. `reduce='add'` or
   `'multiply'` combines with the existing value; without it, a position hit twice takes the last write."""
   from plugrad.tensor.tensor import Tensor
-  if reduce not in (None, "add", "multiply"): raise ValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
+  if reduce not in (None, "add", "multiply"): raise ArgumentError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device, buffer=False)
   if reduce is not None: return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
   if src.dtype != self.dtype: raise TypeError(f"scatter: src dtype {src.dtype} differs from self's {self.dtype}")
@@ -358,10 +358,12 @@ def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | b
 def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: Literal["sum", "prod", "mean", "amax", "amin"],
                    include_self: bool = True) -> Tensor:
   """self with src reduced into the positions `index` names along `dim`. `include_self=False` leaves self's value
-  out of the reduction at the positions written (others keep self)."""
+  out of the reduction at the positions written (others keep self). 'max' and 'min' mean 'amax' and 'amin', as in
+  PyTorch's forward."""
   from plugrad.tensor.tensor import Tensor
+  reduce = {"max": "amax", "min": "amin"}.get(reduce, reduce)  # type: ignore[assignment]
   if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-    raise ValueError(f"scatter_reduce: reduce must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
+    raise ArgumentError(f"scatter_reduce: reduce must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
   if src.dtype != self.dtype: raise TypeError(f"scatter_reduce: src dtype {src.dtype} differs from self's {self.dtype}")
   dim, s = _scatter_args(self, dim, index, src, "scatter_reduce")
   def fill(v: Any, dt: DType, shape: tuple) -> Tensor: return Tensor.full(shape, v, dtype=dt, device=self.device, buffer=False)
@@ -385,7 +387,7 @@ def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_valu
   x, m = broadcast_to(self, out_shape, "masked_select").flatten(), broadcast_to(mask, out_shape, "masked_select").flatten()
   if size is None: size = int(m.sum().item()) if m.shape[0] else 0
   if size < 0: raise ValueError(f"masked_select: size must be >= 0, got {size}")
-  pos = m.cumsum().cast(dtypes.int32) - 1  # output position of each selected element
+  pos = m.cumsum(dtype=dtypes.int32) - 1  # output position of each selected element
   sel = m.unsqueeze(0) & pos.unsqueeze(0).eq(Tensor.arange(size, device=self.device).unsqueeze(1))  # (size, n)
   out = select_sum(sel, x.unsqueeze(0), 1)
   return sel.any(1).where(out, Tensor.full((size,), fill_value, dtype=self.dtype, device=self.device, buffer=False)) if size else out

@@ -95,19 +95,28 @@ def pad(self: Tensor, padding: Any, mode: str = "constant", value: float | int |
   starting at the last axis, or one `(before, after)` pair (or None) per axis."""
   if mode not in PAD_MODES: raise ValueError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
   pairs = _pad_pairs(self, padding)
-  # negative amounts crop first; what is left is padding
-  x = self.shrink(tuple((max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(pairs, self.shape))) if any(min(p) < 0 for p in pairs) else self
-  pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
-  if all(p == (0, 0) for p in pairs): return x
+  crop = [(max(-b, 0), max(-a, 0)) for b, a in pairs]
+  grow = [(max(b, 0), max(a, 0)) for b, a in pairs]
   if mode == "constant":
-    padded = x._wrap(x.uop.pad(tuple(pairs)))
+    # negative amounts crop first (the same result either way, and the padded view is smaller)
+    x = self.shrink(tuple((b, s - a) for (b, a), s in zip(crop, self.shape))) if any(map(any, crop)) else self
+    if all(p == (0, 0) for p in grow): return x
+    padded = x._wrap(x.uop.pad(tuple(grow)))
     if value == 0: return padded
-    inside = x._wrap(const_uop(True, dtypes.bool, x.device, x.shape).pad(tuple(pairs)))
+    inside = x._wrap(const_uop(True, dtypes.bool, x.device, x.shape).pad(tuple(grow)))
     return inside.where(padded, value)
-  for axis, (b, a) in enumerate(pairs):
-    if b == 0 and a == 0: continue
-    x = _pad_axis(x, axis, b, a, mode)
-  return x
+  # circular pads the cropped input; reflect and replicate pad the whole input, then crop (as PyTorch: a reflection is
+  # about the input's own edges)
+  if mode == "circular" and any(map(any, crop)):
+    return self.shrink(tuple((b, s - a) for (b, a), s in zip(crop, self.shape))).pad(tuple(grow), mode=mode)
+  x = self
+  for axis, (b, a) in enumerate(grow):
+    if b or a: x = _pad_axis(x, axis, b, a, mode)
+  if not any(map(any, crop)): return x
+  n = ints(x.shape, f"{mode} padding")
+  if any(b + a > s for (b, a), s in zip(crop, n)):
+    raise ShapeError(f"pad: the negative amounts of {tuple(pairs)} crop more than the {mode}-padded shape {fmt(x.shape)} holds")
+  return x.shrink(tuple((b, s - a) for (b, a), s in zip(crop, n)))
 
 
 def _slice(x: Tensor, axis: int, start: int, end: int) -> Tensor:
@@ -118,8 +127,8 @@ def _pad_axis(x: Tensor, axis: int, before: int, after: int, mode: str) -> Tenso
   n = ints(x.shape, f"{mode} padding")[axis]
   limit = {"reflect": n - 1, "replicate": None, "circular": n}[mode]
   if (limit is not None and max(before, after) > limit) or n == 0:
-    need = f"at most {limit}" if limit is not None else "a nonempty axis"
-    raise ValueError(f"pad: {mode} padding ({before}, {after}) of axis {axis} needs {need} for shape {fmt(x.shape)}")
+    need = f"at most {limit}" if limit is not None and n else "a nonempty axis"
+    raise ShapeError(f"pad: {mode} padding ({before}, {after}) of axis {axis} needs {need} for shape {fmt(x.shape)}")
   if mode == "reflect":
     left, right = _slice(x, axis, 1, before + 1).flip(axis), _slice(x, axis, n - after - 1, n - 1).flip(axis)
   elif mode == "replicate":

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.helpers import argsort, prod
-from plugrad.tensor.helpers import ints
+from plugrad.tensor.helpers import ArgumentError, ints
 from plugrad.tensor.indexing import make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -50,8 +50,8 @@ def relu(self: Tensor) -> Tensor:
   return (self > 0).where(self, 0)
 
 
-def relu6(self: Tensor) -> Tensor: return self.relu() - (self - 6).relu()
-def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
+def relu6(self: Tensor) -> Tensor: return self.hardtanh(0, 6)
+def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * neg_slope)  # the slope at 0, as PyTorch
 
 
 def elu(self: Tensor, alpha: float = 1.0) -> Tensor:
@@ -63,7 +63,7 @@ def celu(self: Tensor, alpha: float = 1.0) -> Tensor: return (self > 0).where(se
 
 
 def selu(self: Tensor, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
-  return gamma * (self >= 0).where(self, alpha * (_nonpos(self).exp() - 1))
+  return gamma * (self > 0).where(self, alpha * (_nonpos(self).exp() - 1))  # the negative side at 0, as PyTorch
 
 
 def gelu(self: Tensor, approximate: str = "tanh") -> Tensor:
@@ -87,13 +87,14 @@ def sigmoid(self: Tensor) -> Tensor:
 
 
 def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
-  y = alpha * self + beta
-  return y.relu() - (y - 1).relu()
+  return (alpha * self + beta).hardtanh(0, 1)
 
 
 def logsigmoid(self: Tensor) -> Tensor: return -(-self).softplus()
 def hardswish(self: Tensor) -> Tensor: return self * (self + 3).relu6() * (1 / 6)
-def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor: return self.clip(min_val, max_val)
+def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor:
+  """x clipped to [min_val, max_val], with PyTorch's gradient: 0 at the bounds (clip passes it there); nan stays nan."""
+  return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
 
 
 def softplus(self: Tensor, beta: float = 1.0) -> Tensor:
@@ -154,7 +155,8 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int
   oyx, rcout = x.shape[2:2 + nk], cout // groups
   x = x.reshape(bs, groups, 1, cin, *oyx, *HW)
   w = weight.reshape(1, groups, rcout, cin, *(1,) * nk, *HW)
-  ret = (x * w).sum((3, *range(4 + nk, 4 + 2 * nk)), dtype=dtype).reshape(bs, cout, *oyx)
+  acc = dtype if dtype is not None or dtypes.is_float(x.dtype) else sum_acc_dtype(least_upper_dtype(x.dtype, w.dtype))  # ints as tinygrad
+  ret = (x * w).sum((3, *range(4 + nk, 4 + 2 * nk)), dtype=acc).reshape(bs, cout, *oyx)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * nk)
 
 
@@ -312,7 +314,9 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
     key, value = key.repeat_interleave(heads[0] // heads[1], dim=-3), value.repeat_interleave(heads[0] // heads[2], dim=-3)
   qk = self.matmul(key.transpose(-2, -1), dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) * (1 / math.sqrt(E))
   if is_causal:
-    if attn_mask is not None: raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
+    if attn_mask is not None:
+      raise ArgumentError("scaled_dot_product_attention: give attn_mask or is_causal, not both (PyTorch and tinygrad raise too); "
+                          "to combine them, pass attn_mask & Tensor.ones(L, S, dtype=dtypes.bool).tril()")
     from plugrad.tensor.tensor import Tensor
     attn_mask = Tensor.ones(qk.shape[-2:], dtype=dtypes.bool, device=self.device, buffer=False).tril()
   if attn_mask is not None: qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
@@ -405,18 +409,48 @@ def _interp_matrix(n_in: int, n_out: int, mode: str, align_corners: bool) -> np.
   return W
 
 
+def _interp_matrix_u8(n_in: int, n_out: int, align_corners: bool) -> tuple[np.ndarray, int]:
+  """PyTorch's uint8 bilinear weights for one dim: the (n_out, n_in) float64 weights quantized to int16 fixed point,
+  and their precision (bits). It computes uint8 images this way (Pillow's scheme) rather than through floats."""
+  W = np.zeros((n_out, n_in), dtype=np.float64)
+  scale = ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0) if align_corners else n_in / n_out
+  delta = 0.5 if align_corners else 0.0
+  for i in range(n_out):
+    center = scale * (i + 0.5 - delta)
+    lo = max(int(center - 1.0 + 0.5 + delta), 0)
+    ws = [max(0.0, 1.0 - abs(j + lo - center + 0.5 - delta)) for j in range(min(int(center + 1.0 + 0.5 + delta), n_in) - lo)]
+    if (total := sum(ws)) != 0: ws = [w / total for w in ws]
+    W[i, lo:lo + len(ws)] = ws
+  precision = 0
+  while precision < 22 and int(0.5 + W.max() * (1 << (precision + 1))) < (1 << 15): precision += 1
+  return np.trunc(W * (1 << precision) + 0.5), precision
+
+
 def interpolate(self: Tensor, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
   """Resize the last len(size) dims. Modes: 'linear' (bi/trilinear with more dims), 'nearest', 'nearest-exact'.
-  Each dim is a contraction with a small (out, in) weight matrix computed on the host."""
+  Each dim is a contraction with a small (out, in) weight matrix computed on the host. uint8 'linear' computes as
+  PyTorch does (fixed-point weights, last dim first, each pass rounded), so its images match PyTorch's exactly; other
+  integer tensors are interpolated in float32 and truncated back (as tinygrad; PyTorch does not interpolate them)."""
   from plugrad.tensor.tensor import Tensor
   if not isinstance(size, (tuple, list)) or not size or len(size) > self.ndim or not all(isinstance(s, int) and s > 0 for s in size):
     raise ValueError(f"interpolate: size must be 1..{self.ndim} positive ints, got {size!r}")
   if mode not in ("linear", "nearest", "nearest-exact"):
     raise ValueError(f"interpolate: mode must be 'linear', 'nearest' or 'nearest-exact', got {mode!r}")
   if align_corners and mode != "linear": raise ValueError("interpolate: align_corners only applies to mode='linear'")
+  dims = list(zip(range(self.ndim - len(size), self.ndim), size))
+  shape = ints(self.shape, "interpolate")
+  if mode == "linear" and self.dtype is dtypes.uint8:
+    x = self
+    for i, out in reversed(dims):
+      if shape[i] == out: continue  # PyTorch skips a dim that keeps its size (its weights are the identity)
+      Wq, precision = _interp_matrix_u8(shape[i], out, align_corners)
+      W = Tensor(Wq.astype(np.int32), device=self.device)                                                 # (out, in)
+      acc = (x.cast(dtypes.int32).transpose(i, -1).unsqueeze(-2) * W).sum(-1, dtype=dtypes.int32).transpose(i, -1)
+      x = ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
+    return x
   x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
-  for i, out in zip(range(self.ndim - len(size), self.ndim), size):
-    W = Tensor(_interp_matrix(ints(self.shape, "interpolate")[i], out, mode, align_corners), device=self.device).cast(x.dtype)  # (out, in)
+  for i, out in dims:
+    W = Tensor(_interp_matrix(shape[i], out, mode, align_corners), device=self.device).cast(x.dtype)  # (out, in)
     x = x.transpose(i, -1).unsqueeze(-2)                       # (..., 1, in)
     x = (x * W).sum(-1).transpose(i, -1)
   return x.cast(self.dtype)
@@ -462,7 +496,9 @@ def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike 
   prod_ = aligned[0]
   for t in aligned[1:]: prod_ = prod_ * t
   red = tuple(i for i, c in enumerate(alpha) if c not in rhs)
-  out = prod_.sum(red, dtype=dtype) if red else prod_ if dtype is None else prod_.cast(to_dtype(dtype))
+  # integers accumulate as tinygrad's (sum_acc_dtype): int32 in, int32 out, as PyTorch's einsum
+  acc = dtype if dtype is not None or dtypes.is_float(prod_.dtype) else sum_acc_dtype(prod_.dtype)
+  out = prod_.sum(red, dtype=acc) if red else prod_ if dtype is None else prod_.cast(to_dtype(dtype))
   kept = [c for c in alpha if c in rhs]
   return out.permute(tuple(kept.index(c) for c in rhs))
 

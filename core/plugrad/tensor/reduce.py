@@ -1,14 +1,16 @@
-"""Reductions and matrix products. Every reduction is one REDUCE_AXIS (ADD, MUL or MAX) plus elementwise ops; the
-result dtypes follow tinygrad: sums of small ints and bools accumulate in `sum_acc_dtype`, half floats accumulate in
-float32 and come back as half, means and variances of integers are floats, argmax/argmin give int32."""
+"""Reductions and matrix products. Every reduction is one REDUCE_AXIS (ADD, MUL or MAX) plus elementwise ops. Result
+dtypes: integer and bool sums and products give int64 where the device has it (PyTorch; `int_acc_dtype`), half floats
+accumulate in float32 and come back as half, means and variances of integers are floats, argmax/argmin give int32 (the
+rest as tinygrad)."""
 from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
+from plugrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.helpers import prod
+from plugrad.tensor.creation import dtype_problem
 from plugrad.tensor.helpers import broadcast_shape, const_uop, ints, iota, resolve_dims
 from plugrad.uop.ops import Ops
 from plugrad.uop.shape import ShapeError, fmt
@@ -37,14 +39,34 @@ def _count(self: Tensor, axis: Axis) -> int:
   return prod(self.shape[a] for a in _axes(self, axis, "count"))
 
 
+def int_acc_dtype(dt: DType, device: str) -> DType:
+  """The dtype an integer or bool sum or product (and their scans) accumulates in and returns: int64 where the device
+  has it, as in PyTorch (uint64 stays uint64, which int64 would wrap); on a device without int64 tinygrad's rule,
+  int32 (uint32 for unsigned ints)."""
+  if dt in (dtypes.int64, dtypes.uint64): return dt
+  return dtypes.int64 if dtype_problem(device, dtypes.int64) is None else sum_acc_dtype(dt)
+
+
+def result_dtype(self: Tensor, dtype: DTypeLike | None) -> DType:
+  """What sum/prod/cumsum/cumprod return: `dtype` when given (a name, DType or numpy dtype), else the integer
+  accumulation dtype for ints and bools, else self's dtype."""
+  if dtype is not None: return to_dtype(dtype)
+  return self.dtype if dtypes.is_float(self.dtype) else int_acc_dtype(self.dtype, self.device)
+
+
 def sum(self: Tensor, axis: Axis = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
-  acc = sum_acc_dtype(self.dtype) if dtype is None else to_dtype(dtype)
+  """The sum over `axis` (all axes by default). Integers and bools sum to int64 where the device has it (PyTorch's
+  rule; `int_acc_dtype`); half floats accumulate in float32 and come back as half; `dtype=` casts first."""
+  out = result_dtype(self, dtype)
+  if out is dtypes.bool: return self.cast(dtypes.bool).any(axis, keepdim)  # a sum kept as bool is "any nonzero"
+  acc = sum_acc_dtype(out) if dtypes.is_float(out) else out
   ret = _reduce(self.cast(acc), Ops.ADD, axis, keepdim, "sum")
-  return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+  return ret.cast(out)
 
 
 def prod_(self: Tensor, axis: Axis = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
-  x = self if dtype is None else self.cast(to_dtype(dtype))
+  """The product over `axis`; integers and bools multiply in int64 where the device has it (as `sum`)."""
+  x = self.cast(result_dtype(self, dtype))
   if x.dtype is dtypes.bool: return x.all(axis, keepdim)
   return _reduce(x, Ops.MUL, axis, keepdim, "prod")
 
@@ -129,7 +151,9 @@ def dot(self: Tensor, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
     if nx >= 2: x, wt = x.unsqueeze(-2), wt.unsqueeze(-3)
   else: wt = w
   out = least_upper_dtype(self.dtype, w.dtype) if dtype is None else to_dtype(dtype)
-  return (x * wt).sum(-1, dtype=dtype).cast(out)
+  # integers accumulate in sum_acc_dtype and come back as the promoted dtype (PyTorch's int matmul keeps it too)
+  acc = dtype if dtype is not None or dtypes.is_float(out) else sum_acc_dtype(out)
+  return (x * wt).sum(-1, dtype=acc).cast(out)
 
 
 def matmul(self: Tensor, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:

@@ -12,11 +12,13 @@ The methods are plain functions taking the tensor first, bound as methods by `Sc
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal
 
-from plugrad.dtype import dtypes
+from plugrad.dtype import DTypeLike, dtypes
 from plugrad.tensor.helpers import ints
 from plugrad.tensor.indexing import pad_constant, pool, resolve_dim, select_sum
+from plugrad.tensor.reduce import result_dtype
 from plugrad.uop.shape import ShapeError, fmt
 
 if TYPE_CHECKING:
@@ -33,8 +35,9 @@ def _identity(op: ScanOp, x: Tensor) -> float | int | bool:
 
 
 def _reduce(x: Tensor, op: ScanOp, axis: int) -> Tensor:
-  if op == "sum": return x.sum(axis)
-  if op == "prod": return x.prod(axis)
+  # sums and products keep x's dtype (the scan casts to its result dtype first): an int32 scan stays int32
+  if op == "sum": return x.sum(axis, dtype=x.dtype)
+  if op == "prod": return x.prod(axis, dtype=x.dtype)
   return x.max(axis) if op == "max" else x.min(axis)
 
 
@@ -96,20 +99,21 @@ def _sorted(x: Tensor, dim: int, descending: bool, k: int) -> tuple[Tensor, Tens
   a, b = xt.unsqueeze(-1), xt.unsqueeze(-2)                    # (..., i, 1) and (..., 1, j)
   j = Tensor.arange(n, dtype=dtypes.int32, device=x.device)
   earlier = j.unsqueeze(0) < j.unsqueeze(1)                    # (i, j): j < i
-  rank = (_before(b, a, descending) | (earlier & _same(a, b))).sum(-1)  # (..., i): where element i goes
+  rank = (_before(b, a, descending) | (earlier & _same(a, b))).sum(-1, dtype=dtypes.int32)  # (..., i): where element i goes
   place = rank.unsqueeze(-2).eq(Tensor.arange(k, dtype=rank.dtype, device=x.device).unsqueeze(-1))  # (..., r, i)
   values, indices = select_sum(place, xt.unsqueeze(-2), -1), select_sum(place, j, -1)
   return values.transpose(dim, -1), indices.transpose(dim, -1).detach()
 
 
-def cumsum(self: Tensor, axis: int = 0) -> Tensor:
-  """Running sum along `axis` (bools and small ints accumulate in int32, like sum)."""
-  return _scan(self, axis, "sum", "cumsum")
+def cumsum(self: Tensor, axis: int = 0, dtype: DTypeLike | None = None) -> Tensor:
+  """Running sum along `axis`, in the dtype `sum` gives (integers and bools in int64 where the device has it) or
+  `dtype` (a name, DType or numpy dtype), which the input is cast to first."""
+  return _scan(self.cast(result_dtype(self, dtype)), axis, "sum", "cumsum")
 
 
-def cumprod(self: Tensor, axis: int) -> Tensor:
-  """Running product along `axis`."""
-  return _scan(self, axis, "prod", "cumprod")
+def cumprod(self: Tensor, axis: int, dtype: DTypeLike | None = None) -> Tensor:
+  """Running product along `axis`, in the dtype `prod` gives (or `dtype`)."""
+  return _scan(self.cast(result_dtype(self, dtype)), axis, "prod", "cumprod")
 
 
 def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
@@ -134,7 +138,8 @@ def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
   m = m.isinf().where(0, m)  # an all -inf prefix (or +inf) would make x - m nan; any finite shift is exact there
   j = Tensor.arange(n, device=self.device)
   upto = j.unsqueeze(0) <= j.unsqueeze(1)  # (i, j): j <= i
-  terms = upto.where((x.unsqueeze(-2) - m.unsqueeze(-1)).exp(), 0)  # (..., i, j)
+  # the terms after i are masked before the exp: exp(x_j - m_i) for j > i may overflow, and inf * 0 in its gradient is nan
+  terms = upto.where(x.unsqueeze(-2) - m.unsqueeze(-1), -math.inf).exp()  # (..., i, j)
   return (terms.sum(-1).log() + m).transpose(axis, -1)
 
 

@@ -207,6 +207,11 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if self.grad is not None: ret.grad = self.grad.clone(device)
     return ret
 
+  def _forget_origin(self) -> None:
+    """Drop the graph this realized tensor keeps for a later backward (the JIT calls it on a captured call's results:
+    that graph would hold every intermediate buffer of the call, and replayed results carry none either)."""
+    _origins.pop(self.uop, None)
+
   def detach(self) -> Tensor:
     """The same values, cut off from the autograd graph."""
     ret = self._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))

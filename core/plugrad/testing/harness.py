@@ -55,10 +55,12 @@ def require(dev: CompiledDevice, needs: frozenset[str], tier: str) -> None:
 
 
 def emulating_renderer(dev: CompiledDevice) -> Renderer:
-  """The PYTHON renderer that emulates `dev`: its limits and tensor cores when the interpreter knows the device."""
+  """The PYTHON renderer that emulates `dev`: its limits and tensor cores when the interpreter knows the device (the
+  target its renderer names in `emulate_target`, else the one named like the device)."""
   name = device_name(dev.name)
   if name == "PYTHON": return dev.renderer  # already the interpreter (possibly under EMULATE=...)
-  return PythonRenderer("PYTHON", emulate=name if name in TARGETS else None)
+  target = getattr(dev.renderer, "emulate_target", None) or name
+  return PythonRenderer("PYTHON", emulate=target if target in TARGETS else None)
 
 
 def check_kernel(dev: CompiledDevice, build: Callable[[Renderer], SuiteKernel], tier: str) -> None:

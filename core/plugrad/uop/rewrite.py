@@ -8,8 +8,9 @@ The walk is iterative (no recursion limit on deep graphs) and each node is proce
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from plugrad import trace
 from plugrad.helpers import REWRITE_STEPS
 from plugrad.uop.ops import UOp
 from plugrad.uop.pattern import PatternMatcher
@@ -28,6 +29,10 @@ def _no_convergence(pm: PatternMatcher, u: UOp, ctx: Any, why: str, name: str | 
 
 def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, top_down: bool = False, name: str | None = None) -> UOp:
   """Rewrite `sink` with `pm` to a fixed point. `ctx` is passed to rules that take a `ctx` argument."""
+  if trace.TRACING and (rec := trace.rewrite_begin(pm, sink, name)) is not None:  # VIZ records the rules that fire
+    out = (_top_down if top_down else _bottom_up)(sink, cast(PatternMatcher, rec), ctx, name)
+    trace.rewrite_end(rec, out)
+    return out
   return (_top_down if top_down else _bottom_up)(sink, pm, ctx, name)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plugrad.backend import DType, GroupOp, Ops, PtrDType, RendererError, UOp, c_identifier, dtypes, linear_parts
+from plugrad.backend import DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes, linear_parts
 from plugrad_cpu.llvm_compiler import QUICK_MARK
 from plugrad_cpu.renderer import PARALLEL_MARK, CPUMath, cpu_order
 
@@ -104,6 +104,12 @@ class LLVMRenderer(CPUMath):
     self.validate()
 
   def __repr__(self) -> str: return f"<LLVMRenderer {self.device}: {self.cpu}, {self.vector_width}-wide float vectors>"
+
+  def c_renderer(self) -> Renderer:
+    """The C renderer of this machine: it renders the same LINEAR programs to C that computes the same results (the
+    tiering recompile relies on it; `plugrad.export` asks for it to write the C of kernels captured on the LLVM path)."""
+    from plugrad_cpu.renderer import c_renderer
+    return c_renderer(self.device)
 
   def render(self, program: UOp) -> str:
     name, uops = linear_parts(program)

@@ -34,8 +34,12 @@ def _need_llvmlite() -> None:
 
 
 def probe() -> str | None:
+  from plugrad_cpu.toolchain import find_cc
   from plugrad_cpu.toolchain import probe as find
-  if (why := find()) is not None: return why
+  if (why := find()) is not None:
+    if (cc := os.environ.get("CC", "").strip()) and find_cc() is None:  # a setting that names no compiler: misconfigured, not absent
+      raise SettingsError(f"CC={cc!r} names no program on PATH (a typo?); set CC to a C compiler (clang, gcc) or unset it to search for one")
+    return why
   try: llvm = llvm_mode()
   except ValueError: return None  # the renderer hook raises it, naming the variable
   return NO_LLVMLITE if llvm and not _has_llvmlite() else None  # only CPU_LLVM=1 can ask for a missing llvmlite
@@ -49,8 +53,9 @@ def _has_llvmlite() -> bool:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 100: the default device once installed, unless a GPU plugin (200) is available
-  return [DeviceSpec(NAME, api=(2, 0), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
-                     "compiler (clang/gcc), run on host threads")]
+  # count=1: the host is one device (all its cores); CPU:1 and up are refused (API 2.1)
+  return [DeviceSpec(NAME, api=(2, 1), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
+                     "compiler (clang/gcc), run on host threads", count=1)]
 
 
 @hookimpl

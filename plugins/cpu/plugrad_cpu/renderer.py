@@ -50,6 +50,7 @@ class CPUMath(Renderer):
   issue 20), so the codegen writes it out as vector arithmetic (codegen/decompose.py). A scalar exp2 keeps libm: as
   scalar code the arithmetic measured 5x slower through LLVM."""
   native_math = GroupOp.Transcendental
+  full_pow = True  # libm's pow
 
   def math_is_native(self, op: Ops, dtype: DType) -> bool:
     return op in self.native_math and not (op is Ops.EXP2 and dtype.count > 1 and dtype.scalar() is dtypes.float32)

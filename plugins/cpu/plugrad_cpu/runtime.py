@@ -5,10 +5,20 @@ A kernel whose source carries `PARALLEL_MARK` is called once per thread with (co
 its own share of the parallel loop. ctypes releases the GIL during a foreign call, so the calls from a small pool of
 Python threads run at the same time. Small launches run on the calling thread alone: waking threads costs tens of
 microseconds, more than a small kernel takes.
+
+Ctrl-C: a native call cannot be interrupted, so a long launch (>= LONG_WORK ops + bytes) runs entirely on the pool's
+workers while the calling thread waits in an interruptible wait. A parallel kernel is cut into chunks (core_count up to
+MAX_CHUNKS, each about CHUNK_WORK) that the workers take in turn, checking between chunks whether the launch was
+cancelled. On KeyboardInterrupt the launch is cancelled, the running chunks get GRACE seconds to finish, and the
+KeyboardInterrupt is raised — within about a second of the signal either way. A chunk that runs on past GRACE (a
+serial loop, which cannot be cut) is abandoned, not stopped: its buffers are kept alive, and the next launch or copy
+on the CPU device first waits (interruptibly) until it is done (`settle`), so nothing reads or reuses its memory
+meanwhile.
 """
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import queue
 import tempfile
@@ -20,11 +30,15 @@ from typing import Any
 
 from plugrad.backend import Dims, LaunchError, Runtime, SettingsError, UOp, c_identifier, dtypes
 from plugrad_cpu import native_pool, tiering
-from plugrad_cpu.allocator import CPUBuffer
+from plugrad_cpu.allocator import ABANDONED, CPUBuffer
 from plugrad_cpu.renderer import PARALLEL_MARK
 from plugrad_cpu.tiering import TIER_AFTER
 
 WORK_PER_THREAD = 1 << 20  # ops + bytes moved per thread (about 100 us of work) before another thread pays off
+LONG_WORK = 1 << 27        # ops + bytes from which a launch runs on the workers while the caller waits interruptibly (~30 ms up)
+CHUNK_WORK = 1 << 24       # the work of one chunk of a long parallel launch (~5 ms): what Ctrl-C waits for at most, per thread
+MAX_CHUNKS = 1024
+GRACE = 0.25               # seconds a cancelled launch's running chunks get to finish before they are abandoned
 
 
 def default_threads(env: dict[str, str] | None = None) -> int:
@@ -77,6 +91,73 @@ class _Pool:
     results += [done.get() for _ in workers]  # every share finishes before the launch returns, even when one failed
     if (err := next((v for ok, v in results if not ok), None)) is not None: raise err
     return frozenset(v for _, v in results)
+
+  def run_waiting(self, launch: _Launch, n: int) -> frozenset[int]:
+    """Run `launch` on workers 1..n (share k-1 on worker k) while this thread waits, interruptibly (see the module doc)."""
+    with self._lock:
+      while len(self._queues) < n:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        ready = ctypes.c_int(0)
+        self._queues.append((q, ready))
+        threading.Thread(target=_worker, args=(q, ready), name=f"plugrad-cpu-{len(self._queues)}", daemon=True).start()
+      workers = self._queues[:n]
+    got: list[tuple[bool, Any]] = []
+    try:
+      for k, (q, ready) in enumerate(workers):
+        launch.queued = k + 1  # counted before the put: a signal's exception comes out after a call, never between these two
+        q.put((launch.share, [], k, n, launch.results, launch.finished))
+        ready.value = 1
+      while len(got) < n: got.append(launch.results.get())  # a lock wait: a signal's handler runs, and KeyboardInterrupt comes out
+    except BaseException:  # KeyboardInterrupt, or whatever a signal handler raised
+      launch.cancelled = True  # the shares stop at their next chunk
+      ABANDONED.append(launch)  # listed before anything else can be interrupted; `settle` drops it once its shares are done
+      launch.finish(GRACE)
+      raise
+    if (err := next((v for ok, v in got if not ok), None)) is not None: raise err
+    return frozenset(v for _, v in got)
+
+
+class _Launch:
+  """A long launch: `fn` called with core_id 0..chunks-1 of `chunks`, each chunk taken by the next free worker."""
+  def __init__(self, fn: Callable[..., Any], args: list[int], chunks: int, handles: tuple[Any, ...]):
+    self.fn, self.args, self.chunks = fn, args, chunks
+    self.handles = handles  # the buffers: alive while an abandoned launch may still write them
+    self._next = itertools.count()  # next() on it is atomic under the GIL
+    self.cancelled = False
+    self.results: queue.SimpleQueue = queue.SimpleQueue()
+    self.queued, self.finished = 0, ctypes.c_int(0)  # shares handed to workers; shares done (each worker counts its own)
+
+  def share(self, k: int, n: int) -> None:
+    fn, args, chunks = self.fn, self.args, self.chunks
+    while not self.cancelled and (i := next(self._next)) < chunks: fn(*args, i, chunks)
+
+  def finish(self, timeout: float | None) -> bool:
+    """Wait until every share handed out has finished (at most `timeout` seconds; None: until then, interruptibly).
+    Whether they have."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while self.finished.value < self.queued:
+      left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+      if left <= 0: return False
+      try: self.results.get(timeout=left)  # wakes when a share ends (its count follows right after)
+      except queue.Empty: pass
+      except KeyboardInterrupt:
+        if deadline is None: raise
+        return False  # a second Ctrl-C during the grace period: stop waiting, leave it abandoned
+    return True
+
+
+_SETTLING = threading.Lock()
+
+
+def settle() -> None:
+  """Wait for the launches Ctrl-C abandoned (each still runs its last chunk) before the CPU device is used again. The
+  wait is interruptible; an interrupted wait leaves them listed, to be waited for at the next use."""
+  with _SETTLING:
+    while ABANDONED:
+      launch = ABANDONED[0]
+      assert isinstance(launch, _Launch)
+      launch.finish(None)
+      ABANDONED.pop(0)
 
 
 def _share(fn: Callable[..., Any], args: list[int], k: int, n: int) -> int:
@@ -145,7 +226,7 @@ class CPUProgram:
     est = program.estimates
     self._est, self._work = est, est.ops + est.lds if isinstance(est.ops, int) and isinstance(est.lds, int) else None
     self.last_threads: frozenset[int] = frozenset()
-    self._by_vals: dict[tuple[int, ...], int] = {}  # thread counts of symbolic launches (evaluating estimates takes ~10 us)
+    self._by_vals: dict[tuple[int, ...], int] = {}  # work of symbolic launches (evaluating estimates takes ~10 us)
 
   def __repr__(self) -> str: return f"<CPUProgram {self.name!r}{' parallel' if self.parallel else ''} ({self.tier})>"
 
@@ -161,14 +242,18 @@ class CPUProgram:
     self._retired.append((self.lib, self.fn))
     self.lib, self.fn, self.tier = lib, fn, "c"
 
-  def threads_for(self, vals: tuple[int, ...]) -> int:
-    if not self.parallel or self.runtime.threads == 1: return 1
-    if self._work is not None: return max(1, min(self.runtime.threads, self._work // WORK_PER_THREAD))
-    if (n := self._by_vals.get(vals)) is None:
+  def work_at(self, vals: tuple[int, ...]) -> int:
+    """Ops + bytes moved by a launch with these variable values (the estimates, evaluated once per values)."""
+    if self._work is not None: return self._work
+    if (w := self._by_vals.get(vals)) is None:
       if len(self._by_vals) >= 1024: self._by_vals.clear()
       e = self._est.at(dict(zip(self.var_names, vals)))
-      n = self._by_vals[vals] = max(1, min(self.runtime.threads, (int(e.ops) + int(e.lds)) // WORK_PER_THREAD))
-    return n
+      w = self._by_vals[vals] = int(e.ops) + int(e.lds)
+    return w
+
+  def threads_for(self, vals: tuple[int, ...]) -> int:
+    if not self.parallel or self.runtime.threads == 1: return 1
+    return max(1, min(self.runtime.threads, self.work_at(vals) // WORK_PER_THREAD))
 
   def __call__(self, *handles: Any, global_size: Dims = (1, 1, 1), local_size: Dims = (1, 1, 1), vals: tuple[int, ...] = (),
                wait: bool = False) -> float | None:
@@ -181,8 +266,12 @@ class CPUProgram:
     self.launches += 1
     if self.tier == "llvm" and self.launches >= TIER_AFTER: self.tier_up()
     n = self.threads_for(tuple(vals))
+    if ABANDONED: settle()  # an interrupted launch still runs: wait for it before touching memory again
     st = time.perf_counter()
-    if n == 1:
+    if (work := self.work_at(tuple(vals))) >= LONG_WORK:
+      chunks = max(n, min(MAX_CHUNKS, work // CHUNK_WORK)) if self.parallel else 1
+      self.last_threads = POOL.run_waiting(_Launch(self.fn, args, chunks, handles), n)
+    elif n == 1:
       self.fn(*args, 0, 1)
       self.last_threads = frozenset({threading.get_native_id()})
     else: self.last_threads = POOL.run(self.fn, args, n)
@@ -201,3 +290,7 @@ class CPURuntime(Runtime):
   def __repr__(self) -> str: return f"<CPURuntime {self.device}: {self.threads} threads>"
 
   def load(self, program: UOp) -> CPUProgram: return CPUProgram(self, program)
+
+  def synchronize(self) -> None:
+    """Kernels run synchronously; only a launch abandoned by Ctrl-C can still be running: wait for it."""
+    if ABANDONED: settle()

@@ -91,10 +91,11 @@ class KernelNodeParams(ctypes.Structure):
               ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 
-def node_params(fn: Any, launch: Launch, params: Params) -> KernelNodeParams:
-  """The node description of `launch` (the argument values are written into `params`, whose array it points at)."""
+def node_params(fn: Any, launch: Launch, params: Params, shared: int = 0) -> KernelNodeParams:
+  """The node description of `launch` (the argument values are written into `params`, whose array it points at;
+  `shared`: the dynamic shared memory of a PTX program)."""
   params.set(launch.ptrs, launch.vals)
-  return KernelNodeParams(fn.value if isinstance(fn, ctypes.c_void_p) else fn, *launch.grid, *launch.block, 0,
+  return KernelNodeParams(fn.value if isinstance(fn, ctypes.c_void_p) else fn, *launch.grid, *launch.block, shared,
                           ctypes.cast(params.array, ctypes.c_void_p).value, None, None, None)
 
 
@@ -109,7 +110,7 @@ class CUDAGraph(GraphRunner):
     self.rt = self.progs[0].runtime
     self.ctx, self.lib = self.rt.ctx, self.rt.ctx.lib
     self.plan = GraphPlan(self)
-    self.params = [Params(p.nbufs, p.var_types) for p in self.progs]
+    self.params = [p.new_params() for p in self.progs]
     self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
     self.nodes: dict[int, ctypes.c_void_p] = {}
     self.topo: Topology | None = None
@@ -124,7 +125,7 @@ class CUDAGraph(GraphRunner):
     for j, deps in topo:
       node = ctypes.c_void_p()
       dep_arr = (ctypes.c_void_p * max(len(deps), 1))(*[self.nodes[d] for d in deps])
-      p = node_params(self.progs[j].fn, launches[j], self.params[j])
+      p = node_params(self.progs[j].fn, launches[j], self.params[j], self.progs[j].shared)
       check(lib, lib.cuGraphAddKernelNode_v2(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)), ctypes.byref(p)),
             f"cuGraphAddKernelNode({self.progs[j].name!r})")
       self.nodes[j] = node
@@ -148,7 +149,7 @@ class CUDAGraph(GraphRunner):
     else:
       for j, _ in topo:
         if launches[j] != self.last[j]:
-          p = node_params(self.progs[j].fn, launches[j], self.params[j])
+          p = node_params(self.progs[j].fn, launches[j], self.params[j], self.progs[j].shared)
           check(self.lib, self.lib.cuGraphExecKernelNodeSetParams_v2(self.exec, self.nodes[j], ctypes.byref(p)),
                 f"cuGraphExecKernelNodeSetParams({self.progs[j].name!r})")
     self.last = launches

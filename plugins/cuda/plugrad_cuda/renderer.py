@@ -8,9 +8,14 @@
   IEEE, no flush to zero); arithmetic is in float and rounded after every op, like the interpreter. bfloat16 is
   emulated by the shared codegen pass (`native_bfloat16` stays False): bits in memory, float in registers.
 * Vectors are structs of elements (`pg_float4 { float v[4]; }`), element-aligned: the codegen makes contiguous vector
-  loads and stores at any element offset (it does not prove 16-byte alignment), and CUDA's own `float4`/`half2` need
-  their full alignment (a misaligned access faults). So they do not become 128-bit loads yet; doing that needs an
-  alignment fact from the codegen (or a runtime-checked load), to be measured on a GPU first.
+  loads and stores at any element offset, and CUDA's own `float4`/`ushort4` need their full alignment (a misaligned
+  access faults). A vector access of 2 or 4 elements (at most 16 bytes) whose element index is provably a multiple of
+  its lane count (`UOp.const_factor`: every addend of the index a multiple of it — an UPCAST of 4 along a contiguous
+  axis gives `gidx*4k + lidx*4`) goes through the native type instead (`float4`, `float2`, `ushort4` for 4 halves,
+  ...): one `ld.global.v4.f32` / `st.global.v4.f32` (64-bit for 4 halves) instead of 4 scalar accesses. That is
+  sound because every buffer a CUDA kernel gets starts at a `cuMemAlloc` address (256-byte aligned) — the allocator
+  has no views (`_offset`), so no kernel sees a pointer into the middle of an allocation — and `__shared__` arrays are
+  declared 16-byte aligned. Any other index keeps the element-aligned struct (scalar accesses).
 * Tensor cores: WMMA is inline PTX `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`, fragments
   packed two 16-bit values per register in the element order of `CUDA_TENSOR_CORES` (lower index in the low half).
 * Semantics: nothing fast-math (NVRTC gets `--fmad=false`: no contraction, MULACC is an explicit `fma`); integer
@@ -24,6 +29,9 @@ from collections.abc import Sequence
 from plugrad.backend import CUDA_TENSOR_CORES, CStyleRenderer, DType, Ops, RendererError, UOp, dtypes, find_tensor_core, prod
 
 _XYZW = "xyzw"
+# CUDA's built-in vector types by the memory dtype of their elements (`float4`, `ushort4`, ...: aligned to their size)
+_NATIVE = {dtypes.float32: "float", dtypes.float64: "double", dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int16: "short",
+           dtypes.uint16: "ushort", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int64: "longlong", dtypes.uint64: "ulonglong"}
 DEVICE_FN = "static __device__ __forceinline__ "
 
 _F16 = f"""\
@@ -127,6 +135,48 @@ class CUDARenderer(CStyleRenderer):
     return f"{fn}({', '.join(args)})"
 
   # ---- the kernel
+  # ---- memory: proven-aligned vector accesses through CUDA's native vector types (see the module doc)
+  def _native_vector(self, u: UOp, dt: DType) -> str | None:
+    """The CUDA vector type (`float4`, `ushort4`, ...) for the access of `dt` through pointer uop `u` when it is
+    provably aligned to the whole vector, else None."""
+    m = self.mdt(dt)
+    if dt.count not in (2, 4) or (name := _NATIVE.get(m.scalar())) is None or m.scalar().itemsize * dt.count > 16: return None
+    # only a plain INDEX into a buffer of scalars of this very dtype (a pointer CAST could change the element size the
+    # index counts in)
+    if u.op is not Ops.INDEX or u.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL) or u.src[0].dtype.base != dt.scalar(): return None
+    if u.src[1].dtype.count != 1 or u.src[1].const_factor() % dt.count: return None
+    return f"{name}{dt.count}"
+
+  def _native_access(self, nat: str, dt: DType, load: bool) -> str:
+    m = self.mdt(dt)
+    scal, vec = self.tname(m.scalar()), self.tname(m)
+    lanes = "xyzw"[:dt.count]
+    if load:
+      fn = f"pg_ld_{nat}"
+      body = f"{nat} t = *(const {nat}*)p; return {vec}{{{{{', '.join(f't.{c}' for c in lanes)}}}}};"
+      self.need(fn, f"{DEVICE_FN}{vec} {fn}(const {scal}* p) {{ {body} }}")
+    else:
+      fn = f"pg_st_{nat}"
+      body = f"{nat} t; {' '.join(f't.{c} = v.v[{n}];' for n, c in enumerate(lanes))} *({nat}*)p = t;"
+      self.need(fn, f"{DEVICE_FN}void {fn}({scal}* p, {vec} v) {{ {body} }}")
+    return fn
+
+  def _load(self, i: int, u: UOp) -> None:
+    p, dt = self.ptrs[u.src[0]], u.dtype
+    if p.var or (nat := self._native_vector(u.src[0], dt)) is None: return super()._load(i, u)
+    alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
+    v = self.convert(f"{self._native_access(nat, dt, True)}({p.base}+{p.idx if p.idx is not None else 0})", dt, False)
+    if p.gate is not None:
+      zero = self.r[alt] if alt is not None else self.render_vectorize(self.cdt(dt), [self.render_const(0, p.elem)] * dt.count)
+      v = f"({p.gate}?{v}:{zero})"
+    self._define(i, u, v)
+
+  def _store(self, u: UOp) -> None:
+    p, val = self.ptrs[u.src[0]], u.src[1]
+    if p.var or (nat := self._native_vector(u.src[0], val.dtype)) is None: return super()._store(u)
+    st = f"{self._native_access(nat, val.dtype, False)}({p.base}+{p.idx if p.idx is not None else 0}, {self.convert(self.r[val], val.dtype, True)});"
+    self.line(st if p.gate is None else f"if ({p.gate}) {st}")
+
   def render_special(self, u: UOp, size: str) -> str:
     return f"(({self.tname(u.dtype)}){'blockIdx' if u.arg.startswith('g') else 'threadIdx'}.{_XYZW[int(u.arg[-1])]})"
 

@@ -14,6 +14,7 @@ On a device without workgroups (the CPU), where the C compiler turns vector lane
 On devices with workgroups (GPUs; the PYTHON device describes one) see `_workgroup_heuristics`: tensor cores for a
 matmul that fits one, a workgroup per output for a long reduction into few outputs (GROUPTOP), a small register tile
 per thread, then LOCAL sizes over the output axes (a kernel left without them gets the flat split of add_gpudims).
+On a device with CUDA's tensor cores (plugrad-cuda, or PYTHON under EMULATE=CUDA) see `_cuda_heuristics` instead.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from plugrad.codegen.expand import _contiguous, _simp, linear_coefficient
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import getenv, prod
+from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import AxisType, Ops, UOp
 
 
@@ -283,6 +285,103 @@ GROUP_OUTPUTS_MAX = 4096  # a reduction into at most this many outputs leaves to
 GROUP_REDUCE_MIN = 256    # ...when it is at least this long
 
 
+TC_PAD_MAX = 1.5  # the tensor core's padding may grow a matmul's work (M*N*K) by at most this factor
+TC_WARPS = 4       # warps per block of a tensor-core kernel (2x2 over the output tile)
+TC_TILE = (2, 4)   # mma tiles per warp along M and N (32 accumulators a thread: each A fragment used 4 times, each B one twice)
+CUDA_BLOCK_MIN = 2 * 132  # blocks a kernel should keep before its tile grows (two per streaming multiprocessor of an H100/H200)
+
+
+def _cuda_class(rd: Renderer) -> bool:
+  """A device with CUDA's tensor cores (sm_80+: the CUDA renderer, or the PYTHON device under EMULATE=CUDA): warps of
+  32 threads, coalesced global memory, 128-bit vector loads. The optimizer reads the renderer's attributes, never its
+  device name, so the tensor cores are what tell."""
+  return any(tc.device == "CUDA" for tc in rd.tensor_cores)
+
+
+def _tensor_core(k: Scheduler) -> bool:
+  """TC for a matmul-shaped reduction (a matmul, a batched one, a convolution: one ADD reduction of a product whose
+  factors each read an output axis the other does not) whose dtypes one of the tensor cores takes. Sizes the
+  instruction does not divide are PADTO'd first (the innermost triple whose padding grows the work least, at most
+  TC_PAD_MAX). Then each warp computes a TC_TILE of instructions (UPCAST: the fragments of A are reused along N, those
+  of B along M) and a block holds TC_WARPS warps (LOCAL), as far as the sizes divide and the grid keeps
+  CUDA_BLOCK_MIN blocks (a small problem keeps one warp per tile: parallelism first)."""
+  from plugrad.codegen.opt.tc import match_tc, pick_triple
+  if not k.renderer.tensor_cores: return False
+  try: m = match_tc(k)
+  except KernelOptError: return False
+  tcs = [tc for tc in k.renderer.tensor_cores if tc.dtype_in is m.a.dtype and tc.dtype_out is m.red.dtype]
+  if not tcs: return False
+  tc, outs, raxes = tcs[0], k.output_axes, k.reduce_axes
+  pads: list[Opt] = []
+  if pick_triple(m, tc) is None:
+    best: tuple[float, list[Opt]] | None = None
+    for trip in m.triples:
+      sizes = [_const_size(r) for r in trip]
+      if not all(sizes): continue
+      padded = [-(-s // d) * d for s, d in zip(sizes, (tc.m, tc.n, tc.k))]
+      growth = prod(padded) / prod(sizes)
+      if growth > TC_PAD_MAX or (best is not None and growth >= best[0]): continue
+      nums = [outs.index(trip[0]), outs.index(trip[1]), len(outs) + raxes.index(trip[2])]
+      best = (growth, [Opt(OptOps.PADTO, n, d) for n, s, d in zip(nums, sizes, (tc.m, tc.n, tc.k)) if s % d])
+    if best is None: return False
+    pads = best[1]
+  trial = k.copy()
+  if not _try(trial, *pads) or (pick := pick_triple(match_tc(trial), tc)) is None: return False
+  mi, nj = trial.output_axes.index(pick[0]), trial.output_axes.index(pick[1])  # TC's outer ranges keep these numbers
+  if not _try(trial, Opt(OptOps.TC, 0)): return False
+  k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
+  def blocks() -> int: return prod(_const_size(r) for r in k.output_axes)
+  for ax, amt in ((nj, TC_TILE[1]), (mi, TC_TILE[0])):
+    for a in (amt, 2):
+      if a > 1 and blocks() // a >= CUDA_BLOCK_MIN and _try(k, Opt(OptOps.UPCAST, ax, a)): break
+  warps = 1
+  for ax in (nj, mi):
+    if warps < TC_WARPS and blocks() // 2 >= CUDA_BLOCK_MIN and _try(k, Opt(OptOps.LOCAL, ax, 2)): warps *= 2
+  return True
+
+
+def _cuda_heuristics(k: Scheduler) -> Scheduler:
+  """The default on a CUDA-class GPU (`_cuda_class`). Tensor cores for fp16/bf16 matmuls and convolutions
+  (`_tensor_core`). A reduction along contiguous memory that is long (GROUP_REDUCE_MIN) gets a block per output
+  whatever the output count (a row of softmax or layernorm), and any long reduction into few outputs
+  (GROUP_OUTPUTS_MAX) too: GROUP, not GROUPTOP, so the 32 threads of a warp read 32 neighbouring elements at each step
+  (coalesced; GROUPTOP gives each thread a contiguous chunk, 32 rows of memory apart), the reduce axis PADTO'd to a
+  multiple of 32 first when nothing divides it, the rest of it UNROLLed by 4 (loads in flight). Otherwise the generic
+  register tile with 4-lane vectors along the stores' contiguous axis (float4 / 4 halves: the CUDA renderer makes them
+  128-bit (64-bit) accesses where the index is a multiple of 4) and blocks of WORKGROUP_THREADS threads: at most a warp
+  (32) along the innermost axis when there are others to spread over, else all of it along that axis (an elementwise
+  kernel gets 256-thread blocks, not 32)."""
+  rd = k.renderer
+  if not k.dont_use_locals and _tensor_core(k): return k
+  outs, reds = k.output_axes, k.reduces
+  sizes = [_const_size(r) for r in outs]
+  grouped = False
+  if len(reds) == 1 and rd.has_shared and all(sizes) and (raxes := k.reduce_axes) and (last := _const_size(raxes[-1])) >= GROUP_REDUCE_MIN:
+    red_loads = [u.src[0].src[1] for u in reds[0].src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    rows = bool(red_loads) and all(_contiguous(ix, raxes[-1]) is not None for ix in red_loads)
+    if rows or prod(sizes) <= GROUP_OUTPUTS_MAX:
+      amts = tuple(a for a in (WORKGROUP_THREADS, 128, 64, 32) if last % a == 0) or (_divisor(last, WORKGROUP_THREADS),)
+      grouped = any(a >= 32 and _try(k, Opt(OptOps.GROUP, len(raxes) - 1, a)) for a in amts)
+      if not grouped and -last % 32 <= last // VEC_PAD_MAX:
+        grouped = _try(k, Opt(OptOps.PADTO, len(outs) + len(raxes) - 1, 32), Opt(OptOps.GROUP, len(raxes) - 1, 32))
+    if grouped and (rest := _const_size(k.reduce_axes[-1])) and rest >= 4: _try(k, Opt(OptOps.UNROLL, len(k.reduce_axes) - 1, 4))
+  stores = [u.src[0].src[1] for u in k.ast.toposort if u.op is Ops.STORE]
+  vec_axis = next((n for n in reversed(range(len(outs))) if _const_size(outs[n]) and _along(stores, outs[n])), None)
+  if vec_axis is not None and not grouped:
+    deps = {x for red in reds for x in red.src[0].toposort if x.op is Ops.RANGE}
+    other = _other_axis(k, vec_axis, deps) if reds and outs[vec_axis] in deps else None
+    if rd.supports_float4: _try(k, Opt(OptOps.UPCAST, vec_axis, 4))
+    if other is not None: _try(k, Opt(OptOps.UPCAST, other, 4))
+  if reds and not grouped and k.reduce_axes: _try(k, Opt(OptOps.UNROLL, len(k.reduce_axes) - 1, 4))
+  limit = min(WORKGROUP_THREADS, rd.local_max[0] if rd.local_max else WORKGROUP_THREADS)
+  spread = [n for n in range(len(k.output_axes)) if _const_size(k.output_axes[n]) > 1]
+  for n in reversed(range(len(k.output_axes))):
+    if (left := limit // max(1, k.local_size())) < 2: break
+    cap = left if len(spread) <= 1 else min(left, 32)
+    if (sz := _const_size(k.output_axes[n])) and (d := _divisor(sz, cap)) > 1: _try(k, Opt(OptOps.LOCAL, n, d))
+  return k
+
+
 def _workgroup_heuristics(k: Scheduler) -> Scheduler:
   """The default on a device with workgroups. A tensor core when the kernel is a matmul one of the renderer's WMMA
   shapes and dtypes divides (its lane range must stay the last LOCAL range, so nothing else is added). Otherwise: a
@@ -291,6 +390,7 @@ def _workgroup_heuristics(k: Scheduler) -> Scheduler:
   along the stores' contiguous axis, 4 rows of a matmul's other axis, the reduction unrolled by 4); the remaining
   output axes give the workgroup its shape, innermost first (consecutive threads store neighbouring elements)."""
   rd = k.renderer
+  if _cuda_class(rd): return _cuda_heuristics(k)
   if rd.tensor_cores and not k.dont_use_locals and _try(k, Opt(OptOps.TC, 0)): return k
   outs, reds = k.output_axes, k.reduces
   sizes = [_const_size(r) for r in outs]

@@ -156,7 +156,8 @@ class Scheduler:
     op, rd = opt.op, self.renderer
     if self.applied and self.applied[-1].op is OptOps.TC and op is OptOps.TC: raise KernelOptError(f"{opt}: TC was already applied")
     if op is OptOps.TC:
-      if self.applied: raise KernelOptError(f"{opt}: TC must be the first action (it rewrites the reduction)")
+      if any(o.op is not OptOps.PADTO for o in self.applied):
+        raise KernelOptError(f"{opt}: TC must be the first action (it rewrites the reduction; only PADTO may come before it)")
       from plugrad.codegen.opt.tc import apply_tc
       self.ast = apply_tc(self, opt)
       return

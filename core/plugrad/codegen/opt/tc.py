@@ -1,12 +1,22 @@
 """The TC action: a matmul-shaped reduction rewritten onto one of the renderer's tensor cores (renderer/tensor_cores.py).
 
-The kernel must reduce `ADD` over one range `k` of a product `a * b` (each possibly CAST from the tensor core's input
-dtype), where `a` depends on one output range `i` (the M side) and `k`, and `b` on `k` and another output range `j`
-(the N side). The action splits i, j, k by the instruction's M, N, K and adds a LOCAL range `lane` of the
-instruction's thread count. Each lane loads its fragment elements where the layout table says, one WMMA per step of
-the outer k range accumulates `D += A @ B` in a vector register, and lane `lane`'s result element e is stored at the
-C layout's (row, col). Layout tables become index arithmetic on the bits of `lane` (every layout we ship is linear
-in those bits; one that is not is refused with a KernelOptError).
+The kernel must reduce `ADD` over a product `a * b` (each possibly CAST from the tensor core's input dtype; the product
+possibly CAST to the accumulator's dtype and masked by PADTO's `where(valid, ., 0)`). The action picks three ranges:
+`k`, a range of the reduction both factors depend on (the K side); `i`, an output range `a` depends on and `b` does not
+(the M side); `j`, an output range `b` depends on and `a` does not (the N side). Every other range stays a loop: output
+ranges either factor reads (a batch, a convolution's other pixels) around the stores, the reduction's other ranges (a
+convolution's window) around the accumulation. The action splits i, j, k by the instruction's M, N, K and adds a
+LOCAL range `lane` of the instruction's thread count. Each lane loads its fragment elements where the layout table
+says, one WMMA per step of the outer k range (and of the other reduce ranges) accumulates `D += A @ B` in a vector
+register, and lane `lane`'s result element e is stored at the C layout's (row, col). Layout tables become index
+arithmetic on the bits of `lane` (every layout we ship is linear in those bits; one that is not is refused with a
+KernelOptError).
+
+Which (i, j, k): among the triples whose sizes the instruction's M, N, K divide, the one of the innermost ranges (the
+last output ranges, the last reduce range: `pick_triple`). Sizes it does not divide are PADTO'd first (`match_tc`
+lists the triples, so the heuristics can pad one): PADTO may precede TC, nothing else may. A padded K is masked
+in both factors (a padded row of K reads 0 on both sides, never 0 times a non-finite value); a padded M or N row needs
+no mask (it only feeds outputs the gated stores drop).
 """
 from __future__ import annotations
 
@@ -43,38 +53,73 @@ def _coords(lane: UOp, layout: Layout, e: int, what: str, tc: TensorCore) -> tup
   return r, c
 
 
+def _deps(x: UOp) -> set[UOp]: return {r for r in x.toposort if r.op is Ops.RANGE}
+
+
+def _size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
+
+
+class TCMatch:
+  """A reduction the TC action can take: its factors (masks pushed in) and the candidate (i, j, k) triples."""
+  def __init__(self, red: UOp, a: UOp, b: UOp, triples: list[tuple[UOp, UOp, UOp]]):
+    self.red, self.a, self.b, self.triples = red, a, b, triples
+
+
+def match_tc(k: Scheduler, opt: Opt | None = None) -> TCMatch:
+  """The factors of `k`'s reduction and its (i, j, k) triples, innermost first; KernelOptError says why there are none."""
+  from plugrad.codegen.opt.kernel import KernelOptError
+  what = f"{opt}" if opt is not None else "TC"
+  reds = k.reduces
+  if len(reds) != 1 or reds[0].arg is not Ops.ADD or len(reds[0].src) < 2:
+    raise KernelOptError(f"{what}: TC needs one ADD reduction")
+  red = reds[0]
+  if any(r.arg[1] is not AxisType.REDUCE for r in red.src[1:]): raise KernelOptError(f"{what}: the reduction was split already")
+  val, masks = red.src[0], []
+  while val.op is Ops.WHERE and val.src[2].op is Ops.CONST and val.src[2].arg == 0:  # PADTO's mask of a padded reduce range
+    masks.append(val.src[0])
+    val = val.src[1]
+  mul = _strip_cast(val)
+  if mul.op is not Ops.MUL: raise KernelOptError(f"{what}: the reduced value is not a product")
+  a, b = _strip_cast(mul.src[0]), _strip_cast(mul.src[1])
+  if b.dtype is not a.dtype: raise KernelOptError(f"{what}: the factors have different dtypes")
+  for m in masks: a, b = m.where(a, a.const_like(0)), m.where(b, b.const_like(0))
+  outs = k.output_axes
+  da, db = _deps(a), _deps(b)
+  if (da | db) - set(outs) - set(red.src[1:]): raise KernelOptError(f"{what}: the factors depend on ranges that are neither output nor reduce axes")
+  ks = [r for r in red.src[1:] if r in da and r in db]
+  is_ = [r for r in outs if r in da and r not in db]
+  js = [r for r in outs if r in db and r not in da]
+  if not ks or not is_ or not js:
+    raise KernelOptError(f"{what}: the factors must each depend on an output axis the other does not, and both on a reduce axis")
+  triples = [(i, j, kr) for kr in reversed(ks) for i in reversed(is_) for j in reversed(js)]
+  return TCMatch(red, a, b, triples)
+
+
+def pick_triple(m: TCMatch, tc: TensorCore) -> tuple[UOp, UOp, UOp] | None:
+  """The (i, j, k) the TC action takes for tensor core `tc`: the first (innermost) triple whose sizes M, N, K divide."""
+  def fits(t: tuple[UOp, UOp, UOp]) -> bool: return all((s := _size(r)) is not None and s % d == 0 for r, d in zip(t, (tc.m, tc.n, tc.k)))
+  return next((t for t in m.triples if fits(t)), None)
+
+
 def apply_tc(k: Scheduler, opt: Opt) -> UOp:
   from plugrad.codegen.opt.kernel import KernelOptError
   rd = k.renderer
   if not rd.tensor_cores: raise KernelOptError(f"{opt}: {rd.device} has no tensor cores")
   if not rd.has_local or k.dont_use_locals: raise KernelOptError(f"{opt}: tensor cores need workgroups")
-  reds = k.reduces
-  if len(reds) != 1 or reds[0].arg is not Ops.ADD or len(reds[0].src) != 2:
-    raise KernelOptError(f"{opt}: TC needs one ADD reduction over one range")
-  red = reds[0]
-  kr = red.src[1]
-  mul = _strip_cast(red.src[0])
-  if mul.op is not Ops.MUL: raise KernelOptError(f"{opt}: the reduced value is not a product")
-  a, b = _strip_cast(mul.src[0]), _strip_cast(mul.src[1])
-  outs = k.output_axes
-  def deps(x: UOp) -> set[UOp]: return {r for r in x.toposort if r.op is Ops.RANGE}
-  da, db = deps(a), deps(b)
-  if kr not in da or kr not in db: raise KernelOptError(f"{opt}: both factors must depend on the reduce axis")
-  ia, jb = [r for r in outs if r in da], [r for r in outs if r in db]
-  if len(ia) != 1 or len(jb) != 1 or ia[0] is jb[0] or da - {ia[0], kr} or db - {jb[0], kr}:
-    raise KernelOptError(f"{opt}: the factors must each depend on one distinct output axis and the reduce axis")
-  i, j = ia[0], jb[0]
+  m = match_tc(k, opt)
+  red, a, b = m.red, m.a, m.b
   cands = [tc for tc in rd.tensor_cores if tc.dtype_in is a.dtype and tc.dtype_out is red.dtype]
   if not cands: raise KernelOptError(f"{opt}: no tensor core of {rd.device} takes {a.dtype!r} -> {red.dtype!r}")
-  if b.dtype is not a.dtype: raise KernelOptError(f"{opt}: the factors have different dtypes")
   sel = opt.axis if opt.axis is not None else 0
   if not isinstance(sel, int) or not 0 <= sel < len(cands): raise KernelOptError(f"{opt}: axis selects one of {len(cands)} matching tensor cores")
   tc = cands[sel]
-  sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else None for r in (i, j, kr)]
-  for what, s, d in zip("MNK", sizes, (tc.m, tc.n, tc.k)):
-    if s is None or s % d: raise KernelOptError(f"{opt}: the {what} axis (size {s}) is not a multiple of the tensor core's {what}={d} (PADTO it)")
-  assert sizes[0] is not None and sizes[1] is not None and sizes[2] is not None
-  io, jo, ko = k.new_range(sizes[0] // tc.m, i.arg[1]), k.new_range(sizes[1] // tc.n, j.arg[1]), k.new_range(sizes[2] // tc.k, AxisType.REDUCE)
+  if (pick := pick_triple(m, tc)) is None:
+    i, j, kr = m.triples[0]
+    bad = next((w, _size(r), d) for w, r, d in zip("MNK", (i, j, kr), (tc.m, tc.n, tc.k)) if _size(r) is None or (_size(r) or 0) % d)
+    raise KernelOptError(f"{opt}: the {bad[0]} axis (size {bad[1]}) is not a multiple of the tensor core's {bad[0]}={bad[2]} (PADTO it)")
+  i, j, kr = pick
+  si, sj, sk = (_size(r) or 0 for r in pick)
+  io, jo, ko = k.new_range(si // tc.m, i.arg[1]), k.new_range(sj // tc.n, j.arg[1]), k.new_range(sk // tc.k, AxisType.REDUCE)
   lane = k.new_range(tc.threads, AxisType.LOCAL)
   def frag(x: UOp, layout: Layout, n: int, what: str) -> UOp:
     vals = []
@@ -87,7 +132,7 @@ def apply_tc(k: Scheduler, opt: Opt) -> UOp:
   fa = frag(a, tc.a_layout, tc.elements[0], "A")
   fb = frag(b, tc.b_layout, tc.elements[1], "B")
   zero = UOp.const(tc.dtype_out.vec(tc.elements[2]), 0.0)
-  acc = UOp(Ops.REDUCE, zero.dtype, (tc.wmma(fa, fb, zero), ko), Ops.ADD)
+  acc = UOp(Ops.REDUCE, zero.dtype, (tc.wmma(fa, fb, zero), *(ko if r is kr else r for r in red.src[1:])), Ops.ADD)
   new_srcs: list[UOp] = []
   for end in k.ast.src:
     if end.op is not Ops.END or red not in end.toposort: raise KernelOptError(f"{opt}: TC needs a kernel with one store of the reduction")

@@ -1,0 +1,164 @@
+"""The hipGraph runner (the command-queue role): a TinyJit batch recorded once as one hipGraph (`hipGraphCreate`, one
+kernel node per launch with `hipGraphAddKernelNode` and its dependencies, `hipGraphInstantiateWithFlags` once); each
+replay is one `hipGraphLaunch` on the device's stream.
+
+A replay with other buffers or other values of the symbolic variables patches only the kernel nodes whose arguments
+or launch dims changed, in place in the instantiated graph (`hipGraphExecKernelNodeSetParams`). The graph is built
+and instantiated again only when its topology changes: a symbolic launch size of 0 removes that launch (a grid of 0
+cannot launch), so the set of nodes differs.
+
+Each node carries its arguments as a packed kernarg buffer (`extra` = HIP_LAUNCH_PARAM_BUFFER_POINTER ..., the same
+`Kernargs` the direct launch uses), one per node, kept alive by the runner and updated in place.
+
+The graph-building logic is pure Python (`GraphPlan`, `Launch`, `topology`, `node_params`), separate from the HIP
+calls (`HIPGraph`), so it is tested without a driver (tests/amd). Edges: the GraphRunner base's `deps` (read after
+write, write after read) plus write after write, which the base leaves out because a sequential replay never needs it.
+
+UNVERIFIED (no AMD GPU on this project's machines): the HIP half has never run against HIP; tests/amd drives it
+through a stand-in library that records the nodes, dependencies and patches (tests/amd/fake_hip.py).
+"""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
+from plugrad_amd.hip import check
+from plugrad_amd.runtime import AMDProgram, Kernargs
+
+Dims3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Launch:
+  """One kernel's launch in one replay: grid and workgroup dims, buffer device pointers, variable values."""
+  grid: Dims3
+  block: Dims3
+  ptrs: tuple[int, ...]
+  vals: tuple[int, ...]
+
+  @property
+  def empty(self) -> bool: return 0 in self.grid
+
+
+Topology = tuple[tuple[int, tuple[int, ...]], ...]  # (kernel index, the kernel indices its node depends on) per node
+
+
+def write_after_write(writes: Sequence[set[Any]]) -> list[frozenset[int]]:
+  """For each kernel, the earlier kernels that last wrote a buffer it writes (`writes[j]`: the buffers kernel j writes)."""
+  last: dict[Any, int] = {}
+  out = []
+  for j, w in enumerate(writes):
+    out.append(frozenset(last[b] for b in w if b in last))
+    for b in w: last[b] = j
+  return out
+
+
+def topology(deps: Sequence[frozenset[int]], launches: Sequence[Launch]) -> Topology:
+  """The nodes of the graph for these launches: every kernel with a non-empty grid, depending on the nodes of its
+  dependencies. A dependency that does not launch passes its own dependencies on, so ordering survives its removal."""
+  eff: list[frozenset[int]] = []
+  nodes = []
+  for j, d in enumerate(deps):
+    through = frozenset(x for k in d for x in ((k,) if not launches[k].empty else eff[k]))
+    eff.append(through)
+    if not launches[j].empty: nodes.append((j, tuple(sorted(through))))
+  return tuple(nodes)
+
+
+class GraphPlan:
+  """What the hipGraph of a batch holds, computed from a GraphRunner's precomputed tables: the edges and, for a
+  replay, each kernel's `Launch`. `ptr(handle)` gives a buffer handle's device address."""
+  def __init__(self, runner: GraphRunner, ptr: Callable[[Any], int] = lambda h: h.ptr):
+    self.runner, self.ptr = runner, ptr
+    writes = [{k.bufs[i].base for i in k.runner.program.outs} for k in runner.kernels]
+    self.edges = [a | b for a, b in zip(runner.deps, write_after_write(writes))]
+    self.static = [None if j in runner.symbolic_dims else k.runner.program.launch_dims({}) for j, k in enumerate(runner.kernels)]
+
+  def launches(self, slots: Sequence[Buffer], var_vals: dict[str, int]) -> list[Launch]:
+    r, out = self.runner, []
+    for j in range(len(r.kernels)):
+      g, l = d if (d := self.static[j]) is not None else r.launch_dims(j, var_vals)
+      ptrs = tuple(self.ptr(b.ensure_allocated().handle) for b in r.buffers(j, slots))
+      out.append(Launch(g, l, ptrs, r.vals(j, var_vals)))
+    return out
+
+  def topology(self, launches: Sequence[Launch]) -> Topology: return topology(self.edges, launches)
+
+
+class Dim3(ctypes.Structure):
+  _fields_ = [("x", ctypes.c_uint32), ("y", ctypes.c_uint32), ("z", ctypes.c_uint32)]
+
+
+class KernelNodeParams(ctypes.Structure):
+  """hipKernelNodeParams (hip_runtime_api.h): blockDim, extra, func, gridDim, kernelParams, sharedMemBytes, in this order."""
+  _fields_ = [("blockDim", Dim3), ("extra", ctypes.c_void_p), ("func", ctypes.c_void_p), ("gridDim", Dim3), ("kernelParams", ctypes.c_void_p),
+              ("sharedMemBytes", ctypes.c_uint)]
+
+
+def node_params(fn: Any, launch: Launch, args: Kernargs) -> KernelNodeParams:
+  """The node description of `launch`: its arguments are written into `args`, whose `extra` array it points at."""
+  args.set(launch.ptrs, launch.vals)
+  return KernelNodeParams(Dim3(*launch.block), ctypes.cast(args.extra, ctypes.c_void_p).value, fn.value if isinstance(fn, ctypes.c_void_p) else fn,
+                          Dim3(*launch.grid), None, 0)
+
+
+class HIPGraph(GraphRunner):
+  def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
+    super().__init__(kernels, slots, var_names)
+    self.progs: list[AMDProgram] = []
+    for k in self.kernels:
+      if not isinstance(k.runner.lib, AMDProgram):
+        raise GraphError(f"kernel {k.runner.name!r} is not an AMD program ({type(k.runner.lib).__name__})")
+      self.progs.append(k.runner.lib)
+    self.rt = self.progs[0].runtime
+    self.ctx, self.lib = self.rt.ctx, self.rt.ctx.lib
+    self.plan = GraphPlan(self)
+    self.args = [Kernargs(p.nbufs, p.var_sizes) for p in self.progs]  # one per node: a node keeps pointing at its buffer
+    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+    self.nodes: dict[int, ctypes.c_void_p] = {}
+    self.topo: Topology | None = None
+    self.last: list[Launch] = []
+    self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
+
+  def _build(self, topo: Topology, launches: Sequence[Launch]) -> None:
+    lib = self.lib
+    self._destroy()
+    check(lib, lib.hipGraphCreate(ctypes.byref(self.graph), 0), "hipGraphCreate")
+    self.nodes = {}
+    for j, deps in topo:
+      node = ctypes.c_void_p()
+      dep_arr = (ctypes.c_void_p * max(len(deps), 1))(*[self.nodes[d] for d in deps])
+      p = node_params(self.progs[j].fn, launches[j], self.args[j])
+      check(lib, lib.hipGraphAddKernelNode(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)), ctypes.byref(p)),
+            f"hipGraphAddKernelNode({self.progs[j].name!r})")
+      self.nodes[j] = node
+    check(lib, lib.hipGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)), "hipGraphInstantiateWithFlags")
+    self.topo, self.rebuilds = topo, self.rebuilds + 1
+
+  def _destroy(self) -> None:
+    if self.exec.value: self.lib.hipGraphExecDestroy(self.exec)
+    if self.graph.value: self.lib.hipGraphDestroy(self.graph)
+    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+
+  def __del__(self) -> None:
+    try: self._destroy()
+    except Exception: pass  # interpreter shutdown: the runtime may be gone
+
+  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+    launches = self.plan.launches(slots, var_vals)
+    topo = self.plan.topology(launches)
+    self.ctx.activate()
+    if topo != self.topo: self._build(topo, launches)
+    else:
+      for j, _ in topo:
+        if launches[j] != self.last[j]:
+          p = node_params(self.progs[j].fn, launches[j], self.args[j])
+          check(self.lib, self.lib.hipGraphExecKernelNodeSetParams(self.exec, self.nodes[j], ctypes.byref(p)),
+                f"hipGraphExecKernelNodeSetParams({self.progs[j].name!r})")
+    self.last = launches
+    if wait: check(self.lib, self.lib.hipEventRecord(self.rt.events[0], self.ctx.stream), "hipEventRecord")
+    check(self.lib, self.lib.hipGraphLaunch(self.exec, self.ctx.stream), "hipGraphLaunch")
+    return self.rt.elapsed() if wait else None
