@@ -4,4 +4,4 @@ import os
 os.environ.setdefault("SPEC", "1")
 os.environ.setdefault("PLUGRAD_STRICT_PLUGINS", "1")
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.differential.report"]  # the differential tester's summary (docs/testing.md)

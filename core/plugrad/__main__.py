@@ -109,9 +109,10 @@ def cmd_devices(as_json: bool, names: Sequence[str]) -> int:
     plugin = f"{r['distribution']} {r['version']} ({r['plugin']})" if "distribution" in r else "-"
     table.append([r["device"] + ("*" if r["default"] else ""), str(r.get("priority", "-")), plugin, r["smoke"], r["detail"]])
   print(_table(table))
-  if default is not None: print(f"\n* default device: {default}" + (f" (DEV={dev_env})" if dev_env else " (highest-priority available device)"))
-  if fallback: print("  a fallback, because: " + "; ".join(fallback))
-  else: print(f"\nno default device: {default_error}")
+  if default is None: print(f"\nno default device: {default_error}")
+  else:
+    print(f"\n* default device: {default}" + (f" (DEV={dev_env})" if dev_env else " (highest-priority available device)"))
+    if fallback: print("  a fallback, because: " + "; ".join(fallback))
   return 1 if failed else 0
 
 

@@ -20,7 +20,8 @@ What is here, by the job it does:
 * compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
 * memory: `Allocator`, `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
-* batching: `GraphRunner`, `GraphKernel`, `GraphError`
+* batching: `GraphRunner`, `GraphKernel`, `GraphError`; for graphs of kernel nodes `GraphPlan`, `GraphLaunch`,
+  `GraphTopology`, `graph_topology`
 * helpers a backend reads: `DEBUG`, `getenv`, `prod`, `Device`
 * settings: `getenv` (typed and checked: `choices`, `minimum`, `maximum`), `parse_setting` (the same for a given
   environment mapping), `SettingsError` (a bad value, naming the variable)
@@ -31,7 +32,7 @@ from plugrad.device.allocator import Allocator, BufferSpec
 from plugrad.device.buffer import Buffer
 from plugrad.device.compiler import Compiler
 from plugrad.device.custom import new_program, run_program
-from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
+from plugrad.device.graph import GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology, graph_topology
 from plugrad.device.registry import Device
 from plugrad.device.runtime import Dims, Runtime
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
@@ -76,7 +77,8 @@ __all__ = [
   "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "c_identifier", "float32_repr", "linear_parts", "use_analysis",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   # compiling, memory, running, batching
-  "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner",
+  "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",
+  "graph_topology",
   # helpers
   "DEBUG", "Device", "getenv", "prod",
   # settings

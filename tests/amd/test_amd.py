@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from plugrad import Tensor, TinyJit, Variable
+from plugrad.backend import GraphLaunch as Launch
 from plugrad.backend import new_program
 from plugrad.codegen import get_program
 from plugrad.codegen.opt import Opt, OptOps
@@ -29,7 +30,7 @@ from plugrad.testing.harness import emulating_renderer
 from plugrad_amd import hip, hipmath, toolchain
 from plugrad_amd.compiler import AMDCompiler
 from plugrad_amd.elf import STT_FUNC, STT_OBJECT, CodeObject, ELFError, unpack_msgpack
-from plugrad_amd.graph import GraphPlan, KernelNodeParams, Launch, node_params, topology, write_after_write
+from plugrad_amd.graph import KernelNodeParams, node_params
 from plugrad_amd.renderer import HIPRenderer
 from plugrad_amd.runtime import Kernargs, check_code_object, var_sizes
 from plugrad_amd.targets import ARCHS, UnsupportedArchError, base_arch, env_arch, get_arch
@@ -400,16 +401,7 @@ def test_msgpack_subset():
   with pytest.raises(ELFError, match="not an ELF file"): CodeObject(b"nope" * 20)
 
 
-# ---- the hipGraph plan (pure Python)
-
-def test_topology_drops_empty_launches_and_keeps_the_order():
-  full = Launch((4, 1, 1), (64, 1, 1), (1,), ())
-  empty = Launch((0, 1, 1), (64, 1, 1), (1,), ())
-  deps = [frozenset(), frozenset({0}), frozenset({1}), frozenset()]
-  assert topology(deps, [full] * 4) == ((0, ()), (1, (0,)), (2, (1,)), (3, ()))
-  assert topology(deps, [full, empty, full, full]) == ((0, ()), (2, (0,)), (3, ()))
-  assert write_after_write([{"a"}, {"b"}, {"a"}, {"a", "b"}]) == [frozenset(), frozenset(), frozenset({0}), frozenset({1, 2})]
-
+# ---- the hipGraph nodes (pure Python; the plan itself: tests/device/test_graph_plan.py)
 
 def test_node_params_point_at_the_packed_kernargs():
   assert ctypes.sizeof(KernelNodeParams) == 64  # hipKernelNodeParams on x86-64
@@ -419,41 +411,6 @@ def test_node_params_point_at_the_packed_kernargs():
   n = node_params(ctypes.c_void_p(0x55), Launch((3, 2, 1), (128, 1, 1), (0x3000, 0x4000), (9,)), args)
   assert (n.func, n.gridDim.x, n.gridDim.y, n.blockDim.x, n.sharedMemBytes, n.kernelParams) == (0x55, 3, 2, 128, 0, None)
   assert n.extra == ctypes.cast(args.extra, ctypes.c_void_p).value and args.values() == (0x3000, 0x4000, 9)
-
-
-def test_graph_plan_from_a_tinyjit_capture(monkeypatch):
-  # captured on PYTHON, whose graph runner gets the same base tables a HIPGraph gets; the plan is computed on every
-  # replay as HIPGraph.__call__ does (handles are addressed by id() instead of device pointers)
-  from plugrad.builtin.interpreter_graph import PythonGraph
-  seen = []
-  orig = PythonGraph.__call__
-  def spy(self, slots, var_vals, wait=False):
-    self._plan = getattr(self, "_plan", None) or GraphPlan(self, ptr=id)
-    seen.append((self._plan, self._plan.launches(slots, var_vals)))
-    return orig(self, slots, var_vals, wait)
-  monkeypatch.setattr(PythonGraph, "__call__", spy)
-  n = Variable("n", 1, 64)
-  def step(a, b, n):
-    x = (a * 2 + b).contiguous()
-    y = (x * x - a).contiguous()
-    z = (b + 1).contiguous()
-    return (y + z).shrink(((0, n),)).sum().realize()
-  f = TinyJit(step)
-  outs = []
-  with Context(JIT=1):
-    for v in (10, 20, 30, 40):
-      a, b = (Tensor(np.full(64, v, np.float32), device="PYTHON") for _ in range(2))
-      outs.append(f(a, b, n.bind(v)).numpy())
-  assert len(seen) >= 2
-  plan = seen[-1][0]
-  assert all(p is plan for p, _ in seen), "one plan per captured batch"
-  assert plan.edges[1] >= {0}, "y reads x"
-  l1, l2 = seen[-2][1], seen[-1][1]
-  assert plan.topology(l1) == plan.topology(l2), "same topology: a replay only patches node parameters"
-  changed = [j for j in range(len(l1)) if l1[j] != l2[j]]
-  assert changed and any(l1[j].vals != l2[j].vals for j in changed), "new inputs and a new n patch the kernels that use them"
-  for v, got in zip((10, 20, 30, 40), outs):
-    np.testing.assert_allclose(got, (((v * 2.0 + v) ** 2 - v) + (v + 1.0)) * v, rtol=1e-5)
 
 
 def test_gpu_check_script_is_ready():

@@ -69,6 +69,17 @@ def test_sibling_reductions_get_separate_loops():
   np.testing.assert_allclose(buffer_of(out.src[0]).numpy(), np.arange(12).reshape(3, 4).sum(1) + np.arange(12).reshape(3, 4).max(1))
 
 
+def test_reduction_of_an_inner_axis_runs_inside_the_outer_loop():
+  # avg_pool2d with ceil_mode: the count of valid cells depends on the inner output axis only; its reduction loop
+  # must run inside the outer axis's loop (it was placed beside it: "MUL is used inside two sibling loops")
+  from plugrad import Tensor
+  torch = pytest.importorskip("torch")
+  x = np.random.default_rng(0).uniform(size=(1, 1, 5, 4)).astype(np.float32)
+  got = Tensor(x, device="PYTHON").avg_pool2d(kernel_size=(2, 3), stride=(1, 2), ceil_mode=True).numpy()
+  want = torch.nn.functional.avg_pool2d(torch.tensor(x), (2, 3), (1, 2), ceil_mode=True).numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_value_in_two_sibling_loops_is_an_error():
   out = glob(0, 4)
   r1, r2 = UOp.range(4, 0), UOp.range(4, 1)

@@ -11,17 +11,17 @@ import sys
 import numpy as np
 import pytest
 
-from plugrad import Tensor, TinyJit, Variable
+from plugrad import Tensor
+from plugrad.backend import GraphLaunch as Launch
 from plugrad.codegen import get_program
 from plugrad.codegen.opt import Opt, OptOps
 from plugrad.device.registry import Device, OfflineDevice
 from plugrad.dtype import dtypes
 from plugrad.engine.schedule import create_schedule
 from plugrad.errors import CompileError, DeviceUnavailableError
-from plugrad.helpers import Context
 from plugrad_cuda import driver, nvrtc
 from plugrad_cuda.compiler import CUDACompiler
-from plugrad_cuda.graph import GraphPlan, KernelNodeParams, Launch, node_params, topology, write_after_write
+from plugrad_cuda.graph import KernelNodeParams, node_params
 from plugrad_cuda.renderer import CUDARenderer
 from plugrad_cuda.runtime import Params
 from tests.codegen.test_optimizer import tc_matmul_ast
@@ -155,17 +155,7 @@ def test_no_tensor_cores_before_sm_80():
   assert len(CUDARenderer("CUDA", "sm_90").tensor_cores) == 2
 
 
-# ---- the CUDA-graph plan (pure Python)
-
-def test_topology_drops_empty_launches_and_keeps_the_order():
-  full = Launch((4, 1, 1), (32, 1, 1), (1,), ())
-  empty = Launch((0, 1, 1), (32, 1, 1), (1,), ())
-  deps = [frozenset(), frozenset({0}), frozenset({1}), frozenset()]
-  assert topology(deps, [full] * 4) == ((0, ()), (1, (0,)), (2, (1,)), (3, ()))
-  # kernel 1 launches nothing: kernel 2 still waits for kernel 0
-  assert topology(deps, [full, empty, full, full]) == ((0, ()), (2, (0,)), (3, ()))
-  assert write_after_write([{"a"}, {"b"}, {"a"}, {"a", "b"}]) == [frozenset(), frozenset(), frozenset({0}), frozenset({1, 2})]
-
+# ---- the CUDA-graph nodes (pure Python; the plan itself: tests/device/test_graph_plan.py)
 
 def test_params_pack_buffers_then_vars_in_place():
   p = Params(2, [ctypes.c_int32, ctypes.c_int64])
@@ -178,42 +168,6 @@ def test_params_pack_buffers_then_vars_in_place():
   assert n.kernelParams == ctypes.cast(p.array, ctypes.c_void_p).value
   assert ctypes.sizeof(KernelNodeParams) == 8 + 7 * 4 + 4 + 8 * 4  # CUDA_KERNEL_NODE_PARAMS_v2 on x86-64 (padding after sharedMemBytes)
   with pytest.raises(Exception, match="takes 2 buffers and 2 variables"): p.set([1], [2, 3])
-
-
-def test_graph_plan_from_a_tinyjit_capture(monkeypatch):
-  # captured on PYTHON, whose graph runner gets the same base tables a CUDAGraph gets; the plan is computed on every
-  # replay as CUDAGraph.__call__ does (handles are addressed by id() instead of device pointers)
-  from plugrad.builtin.interpreter_graph import PythonGraph
-  seen = []
-  orig = PythonGraph.__call__
-  def spy(self, slots, var_vals, wait=False):
-    self._plan = getattr(self, "_plan", None) or GraphPlan(self, ptr=id)
-    seen.append((self._plan, self._plan.launches(slots, var_vals)))
-    return orig(self, slots, var_vals, wait)
-  monkeypatch.setattr(PythonGraph, "__call__", spy)
-  n = Variable("n", 1, 64)
-  def step(a, b, n):
-    x = (a * 2 + b).contiguous()
-    y = (x * x - a).contiguous()
-    z = (b + 1).contiguous()
-    return (y + z).shrink(((0, n),)).sum().realize()
-  f = TinyJit(step)
-  outs = []
-  with Context(JIT=1):
-    for v in (10, 20, 30, 40):
-      a, b = (Tensor(np.full(64, v, np.float32), device="PYTHON") for _ in range(2))
-      outs.append(f(a, b, n.bind(v)).numpy())
-  assert len(seen) >= 2
-  plan = seen[-1][0]
-  assert all(p is plan for p, _ in seen), "one plan per captured batch"
-  assert plan.edges[1] >= {0}, "y reads x"
-  (l1, l2) = (seen[-2][1], seen[-1][1])
-  assert plan.topology(l1) == plan.topology(l2), "same topology: a replay only patches node parameters"
-  changed = [j for j in range(len(l1)) if l1[j] != l2[j]]
-  assert changed and any(l1[j].vals != l2[j].vals for j in changed), "new inputs and a new n patch the kernels that use them"
-  for v, got in zip((10, 20, 30, 40), outs):
-    want = ((v * 2.0 + v) ** 2 - v) + (v + 1.0)
-    np.testing.assert_allclose(got, want * v, rtol=1e-5)
 
 
 def test_gpu_check_script_is_ready():

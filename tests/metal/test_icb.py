@@ -14,7 +14,7 @@ from plugrad.builtin.interpreter_graph import PythonGraph
 from plugrad.errors import LaunchError
 from plugrad.helpers import Context
 from plugrad_metal.abi import MAX_BINDINGS, Signature
-from plugrad_metal.icb import VAR_STRIDE, Command, IcbPlan, Update, write_after_write
+from plugrad_metal.icb import VAR_STRIDE, Command, IcbPlan, Update
 
 
 def capture(monkeypatch, step, calls):
@@ -40,10 +40,6 @@ def test_abi_signature_packing():
   assert sig.pack([5, -(1 << 40), -1]) == [(2, struct.pack("<i", 5)), (3, struct.pack("<q", -(1 << 40))), (4, b"\xff\xff\xff\xff")]
   with pytest.raises(LaunchError, match="takes 3 variable values, got 1"): sig.pack([1])
   assert MAX_BINDINGS == 31
-
-
-def test_write_after_write():
-  assert write_after_write([{"a"}, {"b"}, {"a"}, {"a", "b"}]) == [frozenset(), frozenset(), frozenset({0}), frozenset({1, 2})]
 
 
 def test_icb_plan_from_a_tinyjit_capture(monkeypatch):

@@ -35,7 +35,13 @@ def linearize(sink: UOp) -> list[UOp]:
   rs = _ranges_of(topo)
   if rs[sink]: raise LinearizeError(f"ranges {sorted(r.arg[0] for r in rs[sink])} are used but never closed by an END")
   ends = [u for u in topo if u.op is Ops.END]
-  inner = {e: rs[e] | {e.src[1]} for e in ends}
+  # a loop runs inside every loop its ranges run inside: a reduction that depends on an inner output axis only (an
+  # avg-pool's count of valid cells) is computed inside the outer loops too, not in a loop beside them
+  enc = {e.src[1]: rs[e] | {e.src[1]} for e in ends}
+  def close(b: Block) -> Block:
+    while (c := b.union(*(enc.get(r, frozenset()) for r in b))) != b: b = c
+    return b
+  inner = {e: close(rs[e] | {e.src[1]}) for e in ends}
   blocks: list[Block] = [frozenset(), *inner.values()]
   if len(set(blocks)) != len(blocks): raise LinearizeError("two loops over the same range in one kernel")
 

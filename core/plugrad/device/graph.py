@@ -17,6 +17,10 @@ What this base precomputes, so a subclass only patches what changes:
 * `deps[j]`: the earlier kernels of the batch that kernel j must wait for (it reads what they write, or writes what
   they read or write), for runners that can launch independent kernels concurrently.
 
+For a native graph of kernel nodes with edges (CUDA graphs, hipGraph), `GraphPlan` turns these tables into each
+replay's `GraphLaunch`es (dims, buffer addresses, variable values) and the node topology: a launch with an empty grid
+is no node, and the ones after it inherit its dependencies, so the order survives.
+
 A subclass builds its native graph in `__init__` (after `super().__init__`), raising `GraphError` (or any error) when
 it cannot: the JIT then replays that batch kernel by kernel and says why at DEBUG>=1. It implements `__call__`.
 The base lives at the device layer so a backend (and the built-in PYTHON device) can subclass it;
@@ -69,7 +73,8 @@ class GraphRunner:
     writer: dict[Buffer, int] = {}
     for j, k in enumerate(self.kernels):
       writes, reads = _bases(k, k.runner.program.outs), _bases(k, k.runner.program.ins)
-      dep = {writer[b] for b in reads if b in writer} | {r for b in writes for r in readers.get(b, ()) if r != j}
+      # read after write, write after read, and write after write (the last writer must not land after this one)
+      dep = {writer[b] for b in reads | writes if b in writer} | {r for b in writes for r in readers.get(b, ()) if r != j}
       self.deps.append(frozenset(dep))
       for b in reads: readers.setdefault(b, []).append(j)
       for b in writes: writer[b], readers[b] = j, []
@@ -90,6 +95,52 @@ class GraphRunner:
   def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
     """Replay the batch with `slots` and `var_vals`; with `wait`, block and return the seconds it took."""
     raise NotImplementedError(f"{type(self).__name__} must implement __call__(slots, var_vals, wait)")
+
+
+Dims3 = tuple[int, int, int]
+GraphTopology = tuple[tuple[int, tuple[int, ...]], ...]  # (kernel index, the kernel indices its node depends on) per node
+
+
+@dataclass(frozen=True)
+class GraphLaunch:
+  """One kernel's launch in one replay: grid and block dims, buffer device addresses, variable values."""
+  grid: Dims3
+  block: Dims3
+  ptrs: tuple[int, ...]
+  vals: tuple[int, ...]
+
+  @property
+  def empty(self) -> bool: return 0 in self.grid
+
+
+def graph_topology(deps: Sequence[frozenset[int]], launches: Sequence[GraphLaunch]) -> GraphTopology:
+  """The nodes of a graph for these launches: every kernel with a non-empty grid, depending on the nodes of its
+  dependencies. A dependency that does not launch passes its own dependencies on, so ordering survives its removal."""
+  eff: list[frozenset[int]] = []
+  nodes = []
+  for j, d in enumerate(deps):
+    through = frozenset(x for k in d for x in ((k,) if not launches[k].empty else eff[k]))
+    eff.append(through)
+    if not launches[j].empty: nodes.append((j, tuple(sorted(through))))
+  return tuple(nodes)
+
+
+class GraphPlan:
+  """What a graph of kernel nodes holds for a GraphRunner's batch: for a replay, each kernel's `GraphLaunch`, and the
+  node topology. `ptr(handle)` gives a buffer handle's device address."""
+  def __init__(self, runner: GraphRunner, ptr: Any = lambda h: h.ptr):
+    self.runner, self.ptr = runner, ptr
+    self.static = [None if j in runner.symbolic_dims else k.runner.program.launch_dims({}) for j, k in enumerate(runner.kernels)]
+
+  def launches(self, slots: Sequence[Buffer], var_vals: dict[str, int]) -> list[GraphLaunch]:
+    r, out = self.runner, []
+    for j in range(len(r.kernels)):
+      g, l = d if (d := self.static[j]) is not None else r.launch_dims(j, var_vals)
+      ptrs = tuple(self.ptr(b.ensure_allocated().handle) for b in r.buffers(j, slots))
+      out.append(GraphLaunch(g, l, ptrs, r.vals(j, var_vals)))
+    return out
+
+  def topology(self, launches: Sequence[GraphLaunch]) -> GraphTopology: return graph_topology(self.runner.deps, launches)
 
 
 def check_graph_class(cls: Any, device: str) -> type[GraphRunner]:

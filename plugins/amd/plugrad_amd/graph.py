@@ -10,9 +10,9 @@ cannot launch), so the set of nodes differs.
 Each node carries its arguments as a packed kernarg buffer (`extra` = HIP_LAUNCH_PARAM_BUFFER_POINTER ..., the same
 `Kernargs` the direct launch uses), one per node, kept alive by the runner and updated in place.
 
-The graph-building logic is pure Python (`GraphPlan`, `Launch`, `topology`, `node_params`), separate from the HIP
+The graph-building logic is pure Python (the core's `GraphPlan`, `GraphLaunch`, `graph_topology`, `node_params`), separate from the HIP
 calls (`HIPGraph`), so it is tested without a driver (tests/amd). Edges: the GraphRunner base's `deps` (read after
-write, write after read) plus write after write, which the base leaves out because a sequential replay never needs it.
+write, write after read, write after write).
 
 UNVERIFIED (no AMD GPU on this project's machines): the HIP half has never run against HIP; tests/amd drives it
 through a stand-in library that records the nodes, dependencies and patches (tests/amd/fake_hip.py).
@@ -20,72 +20,14 @@ through a stand-in library that records the nodes, dependencies and patches (tes
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology
 from plugrad_amd.hip import check
 from plugrad_amd.runtime import AMDProgram, Kernargs
 
 Dims3 = tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Launch:
-  """One kernel's launch in one replay: grid and workgroup dims, buffer device pointers, variable values."""
-  grid: Dims3
-  block: Dims3
-  ptrs: tuple[int, ...]
-  vals: tuple[int, ...]
-
-  @property
-  def empty(self) -> bool: return 0 in self.grid
-
-
-Topology = tuple[tuple[int, tuple[int, ...]], ...]  # (kernel index, the kernel indices its node depends on) per node
-
-
-def write_after_write(writes: Sequence[set[Any]]) -> list[frozenset[int]]:
-  """For each kernel, the earlier kernels that last wrote a buffer it writes (`writes[j]`: the buffers kernel j writes)."""
-  last: dict[Any, int] = {}
-  out = []
-  for j, w in enumerate(writes):
-    out.append(frozenset(last[b] for b in w if b in last))
-    for b in w: last[b] = j
-  return out
-
-
-def topology(deps: Sequence[frozenset[int]], launches: Sequence[Launch]) -> Topology:
-  """The nodes of the graph for these launches: every kernel with a non-empty grid, depending on the nodes of its
-  dependencies. A dependency that does not launch passes its own dependencies on, so ordering survives its removal."""
-  eff: list[frozenset[int]] = []
-  nodes = []
-  for j, d in enumerate(deps):
-    through = frozenset(x for k in d for x in ((k,) if not launches[k].empty else eff[k]))
-    eff.append(through)
-    if not launches[j].empty: nodes.append((j, tuple(sorted(through))))
-  return tuple(nodes)
-
-
-class GraphPlan:
-  """What the hipGraph of a batch holds, computed from a GraphRunner's precomputed tables: the edges and, for a
-  replay, each kernel's `Launch`. `ptr(handle)` gives a buffer handle's device address."""
-  def __init__(self, runner: GraphRunner, ptr: Callable[[Any], int] = lambda h: h.ptr):
-    self.runner, self.ptr = runner, ptr
-    writes = [{k.bufs[i].base for i in k.runner.program.outs} for k in runner.kernels]
-    self.edges = [a | b for a, b in zip(runner.deps, write_after_write(writes))]
-    self.static = [None if j in runner.symbolic_dims else k.runner.program.launch_dims({}) for j, k in enumerate(runner.kernels)]
-
-  def launches(self, slots: Sequence[Buffer], var_vals: dict[str, int]) -> list[Launch]:
-    r, out = self.runner, []
-    for j in range(len(r.kernels)):
-      g, l = d if (d := self.static[j]) is not None else r.launch_dims(j, var_vals)
-      ptrs = tuple(self.ptr(b.ensure_allocated().handle) for b in r.buffers(j, slots))
-      out.append(Launch(g, l, ptrs, r.vals(j, var_vals)))
-    return out
-
-  def topology(self, launches: Sequence[Launch]) -> Topology: return topology(self.edges, launches)
 
 
 class Dim3(ctypes.Structure):
@@ -98,7 +40,7 @@ class KernelNodeParams(ctypes.Structure):
               ("sharedMemBytes", ctypes.c_uint)]
 
 
-def node_params(fn: Any, launch: Launch, args: Kernargs) -> KernelNodeParams:
+def node_params(fn: Any, launch: GraphLaunch, args: Kernargs) -> KernelNodeParams:
   """The node description of `launch`: its arguments are written into `args`, whose `extra` array it points at."""
   args.set(launch.ptrs, launch.vals)
   return KernelNodeParams(Dim3(*launch.block), ctypes.cast(args.extra, ctypes.c_void_p).value, fn.value if isinstance(fn, ctypes.c_void_p) else fn,
@@ -119,11 +61,11 @@ class HIPGraph(GraphRunner):
     self.args = [Kernargs(p.nbufs, p.var_sizes) for p in self.progs]  # one per node: a node keeps pointing at its buffer
     self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
     self.nodes: dict[int, ctypes.c_void_p] = {}
-    self.topo: Topology | None = None
-    self.last: list[Launch] = []
+    self.topo: GraphTopology | None = None
+    self.last: list[GraphLaunch] = []
     self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
 
-  def _build(self, topo: Topology, launches: Sequence[Launch]) -> None:
+  def _build(self, topo: GraphTopology, launches: Sequence[GraphLaunch]) -> None:
     lib = self.lib
     self._destroy()
     check(lib, lib.hipGraphCreate(ctypes.byref(self.graph), 0), "hipGraphCreate")

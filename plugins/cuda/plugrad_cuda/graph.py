@@ -6,9 +6,9 @@ or launch dims changed (`cuGraphExecKernelNodeSetParams`) in the instantiated gr
 instantiated again only when its topology changes: a symbolic launch size of 0 removes that launch (CUDA cannot
 launch an empty grid), so the set of nodes differs.
 
-The graph-building logic is pure Python (`GraphPlan`, `Launch`, `topology`), separate from the driver calls
+The graph-building logic is pure Python (the core's `GraphPlan`, `GraphLaunch`, `graph_topology`), separate from the driver calls
 (`CUDAGraph`), so that it is unit-tested without a GPU. Edges: the GraphRunner base's `deps` (read after write, write
-after read) plus write after write, which the base leaves out because a sequential replay never needs it.
+after read, write after write).
 
 UNVERIFIED HERE (no GPU on the development machine): the driver half runs only on a GPU machine
 (bench/gpu/cuda_check.sh runs the conformance suite's graph tests and times replays).
@@ -16,72 +16,14 @@ UNVERIFIED HERE (no GPU on the development machine): the driver half runs only o
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology
 from plugrad_cuda.driver import check
 from plugrad_cuda.runtime import CUDAProgram, Params
 
 Dims3 = tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Launch:
-  """One kernel's launch in one replay: grid and block dims, buffer device pointers, variable values."""
-  grid: Dims3
-  block: Dims3
-  ptrs: tuple[int, ...]
-  vals: tuple[int, ...]
-
-  @property
-  def empty(self) -> bool: return 0 in self.grid
-
-
-Topology = tuple[tuple[int, tuple[int, ...]], ...]  # (kernel index, the kernel indices its node depends on) per node
-
-
-def write_after_write(writes: Sequence[set[Any]]) -> list[frozenset[int]]:
-  """For each kernel, the earlier kernels that last wrote a buffer it writes (`writes[j]`: the buffers kernel j writes)."""
-  last: dict[Any, int] = {}
-  out = []
-  for j, w in enumerate(writes):
-    out.append(frozenset(last[b] for b in w if b in last))
-    for b in w: last[b] = j
-  return out
-
-
-def topology(deps: Sequence[frozenset[int]], launches: Sequence[Launch]) -> Topology:
-  """The nodes of the graph for these launches: every kernel with a non-empty grid, depending on the nodes of its
-  dependencies. A dependency that does not launch passes its own dependencies on, so ordering survives its removal."""
-  eff: list[frozenset[int]] = []
-  nodes = []
-  for j, d in enumerate(deps):
-    through = frozenset(x for k in d for x in ((k,) if not launches[k].empty else eff[k]))
-    eff.append(through)
-    if not launches[j].empty: nodes.append((j, tuple(sorted(through))))
-  return tuple(nodes)
-
-
-class GraphPlan:
-  """What a CUDA graph of a batch holds, computed from a GraphRunner's precomputed tables: the edges and, for a
-  replay, each kernel's `Launch`. `ptr(handle)` gives a buffer handle's device address."""
-  def __init__(self, runner: GraphRunner, ptr: Callable[[Any], int] = lambda h: h.ptr):
-    self.runner, self.ptr = runner, ptr
-    writes = [{k.bufs[i].base for i in k.runner.program.outs} for k in runner.kernels]
-    self.edges = [a | b for a, b in zip(runner.deps, write_after_write(writes))]
-    self.static = [None if j in runner.symbolic_dims else k.runner.program.launch_dims({}) for j, k in enumerate(runner.kernels)]
-
-  def launches(self, slots: Sequence[Buffer], var_vals: dict[str, int]) -> list[Launch]:
-    r, out = self.runner, []
-    for j in range(len(r.kernels)):
-      g, l = d if (d := self.static[j]) is not None else r.launch_dims(j, var_vals)
-      ptrs = tuple(self.ptr(b.ensure_allocated().handle) for b in r.buffers(j, slots))
-      out.append(Launch(g, l, ptrs, r.vals(j, var_vals)))
-    return out
-
-  def topology(self, launches: Sequence[Launch]) -> Topology: return topology(self.edges, launches)
 
 
 class KernelNodeParams(ctypes.Structure):
@@ -91,7 +33,7 @@ class KernelNodeParams(ctypes.Structure):
               ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 
-def node_params(fn: Any, launch: Launch, params: Params, shared: int = 0) -> KernelNodeParams:
+def node_params(fn: Any, launch: GraphLaunch, params: Params, shared: int = 0) -> KernelNodeParams:
   """The node description of `launch` (the argument values are written into `params`, whose array it points at;
   `shared`: the dynamic shared memory of a PTX program)."""
   params.set(launch.ptrs, launch.vals)
@@ -113,11 +55,11 @@ class CUDAGraph(GraphRunner):
     self.params = [p.new_params() for p in self.progs]
     self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
     self.nodes: dict[int, ctypes.c_void_p] = {}
-    self.topo: Topology | None = None
-    self.last: list[Launch] = []
+    self.topo: GraphTopology | None = None
+    self.last: list[GraphLaunch] = []
     self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
 
-  def _build(self, topo: Topology, launches: Sequence[Launch]) -> None:
+  def _build(self, topo: GraphTopology, launches: Sequence[GraphLaunch]) -> None:
     lib = self.lib
     self._destroy()
     check(lib, lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")

@@ -59,16 +59,6 @@ class Update:
   dims: bool = False                              # dispatch again with the new grid/block
 
 
-def write_after_write(writes: Sequence[set[Any]]) -> list[frozenset[int]]:
-  """For each kernel, the earlier kernels that last wrote a buffer it writes (`writes[j]`: the buffers kernel j writes)."""
-  last: dict[Any, int] = {}
-  out = []
-  for j, w in enumerate(writes):
-    out.append(frozenset(last[b] for b in w if b in last))
-    for b in w: last[b] = j
-  return out
-
-
 class IcbPlan:
   """The ICB of a GraphRunner's batch. `handle(buffer)` gives a Buffer's device handle (default: its allocated
   handle); `resource(handle)` the object to declare to the encoder (the MTLBuffer of a METAL handle)."""
@@ -76,8 +66,7 @@ class IcbPlan:
                resource: Callable[[Any], Any] = lambda h: h):
     self.runner, self.handle, self.resource = runner, handle, resource
     progs = [k.runner.program for k in runner.kernels]
-    writes = [{k.bufs[i].base for i in p.outs} for k, p in zip(runner.kernels, progs)]
-    self.edges = [a | b for a, b in zip(runner.deps, write_after_write(writes))]
+    self.edges = runner.deps  # read after write, write after read, write after write
     self.barriers = [bool(e) for e in self.edges]
     self.outs = [frozenset(p.outs) for p in progs]
     self.ins = [frozenset(p.ins) for p in progs]

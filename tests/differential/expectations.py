@@ -1,0 +1,497 @@
+"""What the differential tester expects to differ from PyTorch.
+
+ALLOWED: intended differences, each with its reason (documented plugrad behaviour, mostly tinygrad 0.14's). Keep it
+short: an entry needs a line in docs/tensor.md (or tinygrad 0.14's behaviour) to point at, and it should say exactly
+what plugrad does instead (`ref`, a torch formula of it, or `dtype`), so that anything else still fails.
+
+KNOWN_BUGS: divergences that are plugrad bugs. Each one tolerates only the generated cases its `when` selects, and
+only on its `part`; its `repro` runs as a strict xfail, so fixing the bug makes the run fail until the entry is deleted.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .harness import DT, Allowed, Arg, Case, KnownBug, Py, index
+from .ops import _cum_first
+
+# ---------------------------------------------------------------- helpers for `when` and `ref`
+
+
+def _int32_for_int64(c: Case, torch_dtype: str) -> str | None: return "int32" if torch_dtype == "int64" else None
+
+
+def _with_identity(fn: Any, largest: bool) -> Any:
+  """max/min where reducing an empty axis gives the identity (-inf or the dtype's minimum for max) instead of raising."""
+  def ref(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    dims = {d % max(x.ndim, 1) for d in (range(x.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis)}
+    if x.ndim == 0 or all(x.shape[d] for d in dims): return fn(x, tuple(dims), keepdim)
+    if x.dtype.is_floating_point: ident: Any = -torch.inf if largest else torch.inf
+    elif x.dtype == torch.bool: ident = not largest
+    else: ident = torch.iinfo(x.dtype).min if largest else torch.iinfo(x.dtype).max
+    shape = [1 if i in dims else s for i, s in enumerate(x.shape)] if keepdim else [s for i, s in enumerate(x.shape) if i not in dims]
+    return torch.full(shape, ident, dtype=x.dtype)
+  return ref
+
+
+def _empty_reduce(c: Case) -> bool: return any(a.value.size == 0 for a in c.tensors())
+
+
+def _floats(c: Case, i: int | None = None) -> list[np.ndarray]:
+  """The numeric arguments of c (all, or the i-th argument only; tensors and Python numbers) as float64 arrays."""
+  args = c.args if i is None else [c.args[i]]
+  out = []
+  for a in args:
+    if isinstance(a, Arg) and a.dtype != "bool": out.append(a.value.astype(np.float64))
+    elif isinstance(a, Py) and isinstance(a.value, (int, float)) and not isinstance(a.value, bool): out.append(np.array(float(a.value)))
+  return out
+
+
+def _any(c: Case, pred: Any, i: int | None = None) -> bool:
+  with np.errstate(invalid="ignore", over="ignore"):
+    return any(v.size and bool(np.any(pred(v))) for v in _floats(c, i))
+
+
+_TINY = {"float64": 1e-154, "float32": 1e-19, "float16": 4e-3, "bfloat16": 1e-19}  # 1/b² overflows below these
+
+
+def _remainder_inexact(c: Case) -> bool:
+  """a/b (exactly, in float64) has more integer digits than the dtype's mantissa holds, or lies within two ulps of an integer
+  (rounding it can cross the integer), or overflows the dtype; or _tiny_quotient."""
+  (a,), (b,) = _floats(c, 0), _floats(c, 1)
+  nmant = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}[c.dtype]
+  with np.errstate(all="ignore"):
+    q = np.broadcast_to(a, np.broadcast_shapes(a.shape, b.shape)) / b
+    ok = np.isfinite(a) & np.isfinite(b) & (b != 0)
+    near = (np.abs(q - np.round(q)) <= np.abs(q) * 2.0 ** -nmant * 2) & (q != 0)
+    return bool(np.any(ok & ((np.abs(q) >= 2.0 ** nmant) | near | (np.abs(q) > DT_MAX[c.dtype])))) or _tiny_quotient(c)
+
+
+def _tiny_quotient(c: Case) -> bool:
+  """A finite nonzero a over an infinite b, or a/b below the dtype's smallest denormal (it rounds to ±0)."""
+  (a,), (b,) = _floats(c, 0), _floats(c, 1)
+  tiny = {"float64": 5e-324, "float32": 1.4e-45, "float16": 6e-8, "bfloat16": 9.2e-41}[c.dtype]
+  with np.errstate(all="ignore"):
+    a, b = np.broadcast_arrays(a, b)
+    fin = np.isfinite(a) & (a != 0)
+    return bool(np.any(fin & (np.isinf(b) | (np.abs(a / np.where(b == 0, 1, b)) < tiny / 2) & (b != 0))))
+
+
+DT_MAX = {"float64": 1.8e308, "float32": 3.4e38, "float16": 65504.0, "bfloat16": 3.39e38}
+
+
+def _nonfinite(c: Case, i: int | None = None) -> bool: return _any(c, lambda v: ~np.isfinite(v), i)
+def _big(c: Case, limit: float, i: int | None = None) -> bool: return _any(c, lambda v: np.isfinite(v) & (np.abs(v) > limit), i)
+def _maxabs(c: Case, i: int) -> float:
+  v = [x[np.isfinite(x)] for x in _floats(c, i)]
+  return max((float(np.abs(x).max()) for x in v if x.size), default=0.0)
+
+
+def _half_products_overflow(c: Case) -> bool:
+  """float16 inputs whose largest product overflows float16."""
+  ts = [i for i, a in enumerate(c.args) if isinstance(a, Arg) and a.dtype == "float16"]
+  return c.dtype == "float16" and len(ts) >= 2 and sorted(_maxabs(c, i) for i in ts)[-1] * sorted(_maxabs(c, i) for i in ts)[-2] > 65504
+
+
+def _sdpa_math(q: Any, k: Any, v: Any, m: Any, is_causal: bool = False) -> Any:
+  s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+  if is_causal: m = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+  if m is not None: s = s + (torch.where(m, 0.0, -torch.inf).to(s.dtype) if m.dtype == torch.bool else m)
+  return torch.softmax(s, -1) @ v
+
+
+def T(values: Any, dtype: str, diff: bool = True) -> Arg:
+  """A tensor argument of a reproducer."""
+  return Arg(np.array(values, dtype=DT[dtype][2]), dtype, diff)
+
+
+def _conv_padded(x: Any, w: Any, b: Any, groups: int, stride: Any, dilation: Any, padding: Any) -> Any:
+  """conv2d of the explicitly zero-padded input."""
+  ph, pw = (padding, padding) if isinstance(padding, int) else padding
+  return F.conv2d(F.pad(x, (pw, pw, ph, ph)), w, b, groups=groups, stride=stride, dilation=dilation)
+
+
+def _lcse_loop(x: Any, axis: int) -> Any:
+  """logcumsumexp as logsumexp over each prefix (its gradient is the prefix's softmax)."""
+  if x.ndim == 0 or x.shape[axis] == 0: return torch.logcumsumexp(x, axis)
+  xt = x.movedim(axis, 0)
+  return torch.stack([torch.logsumexp(xt[:i + 1], 0) for i in range(xt.shape[0])]).movedim(0, axis)
+
+
+def _cumprod_loop(x: Any, axis: int) -> Any:
+  """cumprod as a chain of multiplications, so that autograd gives the exact gradient."""
+  if x.ndim == 0 or x.shape[axis] == 0: return torch.cumprod(x, axis)
+  xt = x.movedim(axis, 0)
+  outs = [xt[0]]
+  for i in range(1, xt.shape[0]): outs.append(outs[-1] * xt[i])
+  return torch.stack(outs).movedim(0, axis)
+
+
+def _scatter_extreme_ref(x: Any, index: Any, src: Any, dim: int, reduce: str, include_self: bool = True) -> Any:
+  """scatter_reduce amin/amax written with amin/amax over the candidates of each position, whose gradient is shared
+  equally among the tied candidates only."""
+  if reduce not in ("amin", "amax") or include_self: return x.scatter_reduce(dim, index, src[tuple(slice(0, s) for s in index.shape)], reduce,
+                                                                            include_self=include_self)
+  d = dim % x.ndim
+  src = src[tuple(slice(0, s) for s in index.shape)]
+  xt, it, st = x.movedim(d, -1), index.movedim(d, -1), src.movedim(d, -1)
+  n, pre = xt.shape[-1], it.shape[:-1]
+  part = xt[tuple(slice(0, p) for p in pre)]
+  hit = it.unsqueeze(-2) == torch.arange(n).reshape(n, 1)  # (..., n, k): src k lands on position n
+  fill = torch.inf if reduce == "amin" else -torch.inf
+  cand = torch.where(hit, st.unsqueeze(-2), torch.tensor(fill, dtype=x.dtype))
+  red = cand.amin(-1) if reduce == "amin" else cand.amax(-1)
+  out = xt.clone()
+  out[tuple(slice(0, p) for p in pre)] = torch.where(hit.any(-1), red, part)
+  return out.movedim(-1, d)
+
+
+def _dims(x: Any, axis: Any) -> Any: return tuple(range(x.ndim)) if axis is None else axis
+
+
+def _zero_d(c: Case) -> bool: return any(a.value.ndim == 0 for a in c.tensors())
+
+
+def _promoted(fn: Any, first: int = 0) -> Any:
+  """fn with its tensor arguments from `first` on cast to the dtype PyTorch's promotion gives when none is 0-d."""
+  def ref(*xs: Any, **kw: Any) -> Any:
+    ts = [x for x in xs[first:] if isinstance(x, torch.Tensor)]
+    dt = ts[0].dtype
+    for t in ts[1:]: dt = torch.promote_types(dt, t.dtype)
+    return fn(*xs[:first], *[x.to(dt) if isinstance(x, torch.Tensor) else x for x in xs[first:]], **kw)
+  return ref
+
+
+class _DivExact(torch.autograd.Function):
+  """a / b with the gradient -(a/b)/b for b, which does not under/overflow where a/b² does."""
+  @staticmethod
+  def forward(ctx: Any, a: Any, b: Any) -> Any:
+    ctx.save_for_backward(a, b)
+    return a / b
+
+  @staticmethod
+  def backward(ctx: Any, g: Any) -> Any:
+    a, b = ctx.saved_tensors
+    return g / b, -(g * (a / b)) / b
+
+
+def _div_exact(a: Any, b: Any) -> Any:
+  if not isinstance(a, torch.Tensor): a = torch.tensor(a, dtype=b.dtype)
+  if not isinstance(b, torch.Tensor): b = torch.tensor(b, dtype=a.dtype)
+  a, b = torch.broadcast_tensors(a, b)
+  return _DivExact.apply(a, b)
+
+
+def _lse_softmax_grad(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+  """logsumexp whose gradient is softmax(x) (PyTorch's is exp(x - logsumexp(x)), off where the result rounds)."""
+  dims = tuple(range(x.ndim)) if axis is None else axis
+  lse = torch.logsumexp(x, dims, keepdim=keepdim)
+  p = torch.softmax(x.flatten(), 0).reshape(x.shape) if axis is None else _softmax_over(x, dims)
+  lin = ((x - x.detach()) * p.detach()).sum(dims, keepdim=keepdim)
+  return lse.detach() + lin
+
+
+def _softmax_over(x: Any, dims: Any) -> Any:
+  dims = (dims,) if isinstance(dims, int) else tuple(dims)
+  e = torch.exp(x - torch.amax(x, dims, keepdim=True))
+  return e / e.sum(dims, keepdim=True)
+
+
+ALLOWED: list[Allowed] = [
+  # ---- dtypes (tinygrad 0.14's, documented in docs/tensor.md)
+  *[Allowed(op, "dtype", "indices are int32, as in tinygrad 0.14 (docs/tensor.md: argmax/argmin give int32; sort/topk/cummax "
+            "indices, max_pool2d's return_indices, nonzero and one_hot likewise)", dtype=_int32_for_int64)
+    for op in ("argmax", "argmin", "sort", "argsort", "topk", "cummax", "cummin", "max_pool2d", "nonzero", "one_hot")],
+  *[Allowed(op, "dtype", "integer results default to int32 (dtypes.default_int, tinygrad 0.14; docs/tensor.md); PyTorch's default is int64",
+            dtype=_int32_for_int64) for op in ("arange", "full", "Tensor")],
+  *[Allowed(op, "dtype", "any/all return bool for every dtype (tinygrad, numpy); PyTorch keeps uint8 for uint8 input (its legacy exception)",
+            dtype=lambda c, t: "bool" if t == "uint8" else None) for op in ("any", "all")],
+  *[Allowed(op, "value", "a 0-d tensor takes part in dtype promotion like any tensor (tinygrad 0.14, numpy 2; docs/tensor.md 'dtypes and "
+            "promotion'); PyTorch lets a 0-d tensor defer to a dimensioned one of the same kind (int64 0-d + int32 → int32, wrapping)",
+            ref=_promoted(fn, first), when=_zero_d)
+    for op, fn, first in (("add.mixed", lambda a, b: a + b, 0), ("mul.mixed", lambda a, b: a.mul(b), 0), ("maximum.mixed", torch.maximum, 0),
+                          ("minimum.mixed", torch.minimum, 0), ("lt.mixed", lambda a, b: a < b, 0), ("where.mixed", torch.where, 1))],
+  # ---- values
+  Allowed("relu", "value", "relu(nan) is 0, as tinygrad (docs/tensor.md 'Gradients at kinks'); PyTorch gives nan",
+          ref=lambda x: torch.where(x > 0, x, torch.zeros_like(x))),
+  Allowed("sign", "value", "sign(nan) is nan, as numpy and tinygrad (docs/tensor.md); PyTorch gives 0",
+          ref=lambda x: torch.where(x.isnan(), x, torch.sign(x)) if x.dtype.is_floating_point else torch.sign(x)),
+  Allowed("selu", "value", "selu's defaults are tinygrad 0.14's rounded constants alpha=1.67326, gamma=1.0507 (docs/tensor.md); "
+          "F.selu's differ by ~2e-6", ref=lambda x: 1.0507 * torch.where(x > 0, x, 1.67326 * torch.expm1(x.clamp(max=0)))),
+  Allowed("max", "raises", "reducing an empty axis gives the identity (-inf / the dtype's minimum) instead of raising (docs/tensor.md "
+          "Reductions)", ref=_with_identity(lambda x, d, k: torch.amax(x, d, keepdim=k), True), when=_empty_reduce),
+  Allowed("min", "raises", "reducing an empty axis gives the identity (+inf / the dtype's maximum) instead of raising (docs/tensor.md "
+          "Reductions)", ref=_with_identity(lambda x, d, k: torch.amin(x, d, keepdim=k), False), when=_empty_reduce),
+  Allowed("cummax", "value", "the index is the first position where the running maximum was reached, as in tinygrad 0.14 (PyTorch "
+          "gives the last of equal values)", ref=lambda x, axis: _cum_first(x, axis, True)),
+  Allowed("cummin", "value", "the index is the first position where the running minimum was reached, as in tinygrad 0.14 (PyTorch "
+          "gives the last of equal values)", ref=lambda x, axis: _cum_first(x, axis, False)),
+  Allowed("scaled_dot_product_attention", "value", "plugrad computes the documented formula softmax(q·kᵀ/√E + mask)·v, so a nan or "
+          "inf score makes its row nan (IEEE); PyTorch's fused CPU kernel gives 0 for such a row", ref=_sdpa_math, when=_nonfinite),
+  Allowed("pad", "dtype", "a Python int pad value promotes a bool tensor to int32 like any int scalar operand (docs/tensor.md 'dtypes and "
+          "promotion', tinygrad 0.14); PyTorch keeps bool", ref=lambda x, padding, mode, value=None: F.pad(x.to(torch.int32), padding, mode, value),
+          when=lambda c: c.dtype == "bool" and type(c.kw.get("value")) is int),
+  Allowed("conv2d", "value", "with a nan/inf weight, the zero padding times that weight is nan (padding is zeros in the input by "
+          "definition, and PyTorch's reference path gives the same); PyTorch's mkldnn path leaves the padding out of the products",
+          ref=_conv_padded, when=lambda c: _nonfinite(c, 1) and c.kw["padding"] != 0),
+  Allowed("div", "grad", "the gradient of a/b for b is -(a/b)/b, finite where PyTorch's -a/b² underflows b² to 0 (float64 "
+          "a=-1e-310, b=3.9e-166: PyTorch -inf)", ref=_div_exact, when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < 1e-19), 1)),
+  *[Allowed(op, "value", "with an infinite input the mean is ±inf, as torch.mean gives; PyTorch's fused var_mean/std_mean give nan",
+            ref=lambda x, axis=None, keepdim=False, correction=1, _f=f: _f(x, axis, keepdim, correction), when=_nonfinite)
+    for op, f in (("var_mean", lambda x, a, k, c: (torch.var(x, _dims(x, a), keepdim=k, correction=c), torch.mean(x, _dims(x, a), keepdim=k))),
+                  ("std_mean", lambda x, a, k, c: (torch.std(x, _dims(x, a), keepdim=k, correction=c), torch.mean(x, _dims(x, a), keepdim=k))))],
+  Allowed("logsumexp", "grad", "the gradient is softmax(x); PyTorch's exp(x - logsumexp(x)) is off where the result rounds (two equal "
+          "maxima of 1e38: PyTorch 1 each, plugrad 0.5)", ref=_lse_softmax_grad, when=lambda c: _big(c, 1e6)),
+  Allowed("lerp", "value", "lerp with an infinite end point is a + (b - a)·w (±inf); PyTorch's b - (b - a)(1 - w) gives nan at w = 1",
+          ref=lambda a, b, w: a + (b - a) * w, when=_nonfinite),
+  Allowed("hardsigmoid", "grad", "PyTorch's float64 hardsigmoid backward uses a float32 1/6 (off by 3e-8); plugrad's is exact",
+          ref=lambda x: torch.where((x > -3) & (x < 3), x / 6 + 0.5, F.hardsigmoid(x)), when=lambda c: c.dtype == "float64"),
+  Allowed("gelu.none", "value", "gelu(±inf) is its limit (inf, 0); PyTorch's erf form gives nan there",
+          ref=lambda x: torch.where(x.isinf(), torch.where(x > 0, x, torch.zeros_like(x)), F.gelu(x)), when=lambda c: _any(c, np.isinf)),
+  Allowed("arange", "value", "an integer dtype= with float bounds truncates the float values start + i·step (docs/tensor.md 'Creating "
+          "tensors'); PyTorch casts the bounds first",
+          ref=lambda start, stop, step, dtype: torch.arange(start, stop, step, dtype=torch.float64).to(getattr(torch, dtype)),
+          when=lambda c: c.kw["dtype"] in ("int32", "int64") and any(isinstance(c.kw[k], float) for k in ("start", "stop", "step"))),
+  Allowed("logcumsumexp", "grad", "PyTorch's logcumsumexp backward loses the gradient of huge inputs (0 for 3e38, in float64 too); "
+          "plugrad's is the softmax of each prefix, as the gradient of logsumexp over the prefixes written out", ref=_lcse_loop,
+          when=lambda c: _big(c, 1e20)),
+  Allowed("cumprod", "grad", "PyTorch's cumprod backward divides by the input where it is not 0, which is wrong for denormal inputs "
+          "(1/x overflows); plugrad's is the product of the other factors, the gradient of the product written out", ref=_cumprod_loop,
+          when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < 1e-30))),
+  Allowed("scatter_reduce", "grad", "amin/amax with include_self=False: PyTorch counts self among the values tied with the result although "
+          "self is left out (each src gets 1/3 instead of 1/2 and the gradients sum to less than the output's); plugrad shares it among "
+          "the src values that reached the result", ref=_scatter_extreme_ref,
+          when=lambda c: c.kw["reduce"] in ("amin", "amax") and not c.kw["include_self"]),
+]
+
+KNOWN_BUGS: list[KnownBug] = [
+  # ---- gradients
+  *[KnownBug(f"{op}_grad_at_pm1", op, "grad", f"{op}'(±1) is nan on float inputs ±1.0; PyTorch gives ±inf ({how})",
+             Case(op, "float32", [T([-1.0, 1.0, 0.5], "float32")]), when=lambda c: _any(c, lambda v: np.abs(v) == 1))
+    for op, how in (("asin", "asin is atan(x/sqrt((1-x)(1+x))): 0·inf in its backward"), ("acos", "acos is π/2 - asin"),
+                    ("atanh", "½·log((1+x)/(1-x)): 0·inf at the pole"))],
+  *[KnownBug(f"{op.replace('.', '_')}_grad_zero_divisor", op, "grad", f"{op}: the gradient is nan where the derivative of a/b is "
+             f"not finite: a zero divisor, one so small that 1/b² overflows (a float32 denormal, float16 |b| < 0.004) or so large that b² "
+             f"does, or an infinite a (the backward multiplies through 1/b and a/b²); PyTorch gives {want}. E.g. float32 a=[1, 0], "
+             f"b=[0, {b1}]", Case(op, "float32", [T([1.0, 0.0], "float32"), T([0.0, b1], "float32")]),
+             when=lambda c: _any(c, lambda v: (np.abs(v) < _TINY[c.dtype]) | (np.abs(v) > 1 / _TINY[c.dtype]), 1) or _nonfinite(c, 0))
+    for op, want, b1 in (("div.trunc", "0 for both inputs (rounding has zero derivative)", 0.0), ("div.floor", "0 for both inputs", 0.0),
+                         ("mod", "1 for a and -inf for b (a - floor(a/b)·b)", 2.0), ("fmod", "1 for a and -inf for b", 2.0))],
+  *[KnownBug(f"{op}_inexact_remainder", op, "value,grad", f"{op} of floats is a - {rnd}(a/b)·b in the input dtype: when a/b rounds "
+             "to an integer from below (fmod(0.3, 0.1)), has more integer digits than the mantissa (float32 fmod(1e10, 3) = 0, want 1), "
+             "overflows (float32 fmod(2, 1e-40) = -inf, want 1.7e-41) or underflows, or b is ±inf (fmod(x, inf) and mod(x, inf) are nan, "
+             "want x, or inf for a negative x in mod) the remainder is wrong; PyTorch computes it exactly",
+             Case(op, "float32", [T([1e10, 2.0, 7.5], "float32"), T([3.0, 1e-40, 2.0], "float32")]), when=_remainder_inexact)
+    for op, rnd in (("mod", "floor"), ("fmod", "trunc"))],
+  KnownBug("normalize_grad_zero_norm", "normalize", "grad", "normalize: the gradient of a slice whose p-norm is below eps (an all-zero "
+           "row) is nan (the norm's 0·inf at 0 passes through maximum(eps)); PyTorch clamps and gives x-independent finite values "
+           "(1/eps·seed). float32 [[0, 1], [0, 2]], p=2, dim=0: column 0",
+           Case("normalize", "float32", [T([[0.0, 1.0], [0.0, 2.0]], "float32")], {"p": 2.0, "dim": 0}),
+           when=lambda c: bool(np.any(np.all(np.abs(c.args[0].value.astype(np.float64)) < 1e-6, axis=c.kw["dim"])))),
+  KnownBug("scatter_multiply_grad_zero_factor", "scatter.reduce", "grad", "scatter(reduce='multiply'): the gradient is nan where a factor "
+           "is 0 (the product is divided by the factor; docs/tensor.md says 'not exact where a factor is 0'); PyTorch gives the product "
+           "of the other factors. float32 self=[0, 2, 3], index=[0, 1], src=[4, 5]: d/dself[0] nan, want 4",
+           Case("scatter.reduce", "float32", [T([0.0, 2.0, 3.0], "float32"), index([0, 1]), T([4.0, 5.0], "float32")],
+                {"dim": 0, "reduce": "multiply"}),
+           when=lambda c: c.kw["reduce"] == "multiply" and (_any(c, lambda v: v == 0, 0) or _any(c, lambda v: v == 0, 2))),
+  KnownBug("scatter_reduce_prod_grad_zero_factor", "scatter_reduce", "grad", "scatter_reduce(reduce='prod'): as scatter(reduce='multiply'), "
+           "nan gradients where a factor is 0. float32 self=[0, 2, 3], index=[0, 1], src=[4, 5]",
+           Case("scatter_reduce", "float32", [T([0.0, 2.0, 3.0], "float32"), index([0, 1]), T([4.0, 5.0], "float32")],
+                {"dim": 0, "reduce": "prod", "include_self": True}),
+           when=lambda c: c.kw["reduce"] == "prod" and (_any(c, lambda v: v == 0, 0) or _any(c, lambda v: v == 0, 2))),
+  KnownBug("binary_crossentropy_grad_at_0_1", "binary_crossentropy", "grad", "binary_crossentropy: the gradient is nan at p = 0 or p = 1 "
+           "(0·inf through the log clamped at -100) and unbounded (-y/p, (1-y)/(1-p)) within 1e-12 of them; PyTorch's backward is "
+           "(p - y)/max(p(1-p), 1e-12), finite (0 where the target equals p). float32 p=[0, 1, 0.5], y=[0, 1, 0.5]",
+           Case("binary_crossentropy", "float32", [T([0.0, 1.0, 0.5], "float32"), T([0.0, 1.0, 0.5], "float32", False)], {"reduction": "mean"}),
+           when=lambda c: _any(c, lambda v: v * (1 - v) < 1e-12, 0)),
+  KnownBug("clone_grad_after_realize", "clone", "grad", "x.clone() realized (.numpy(), .realize()) before gradient()/backward() raises "
+           "GradientError 'target(s) [0] are not part of this tensor's graph'; every other op keeps its graph when realized (docs/tensor.md "
+           "Autograd) and PyTorch's clone is differentiable", Case("clone", "float32", [T([1.0, 2.0], "float32")])),
+  KnownBug("layernorm_half_grad_constant_row", "layernorm", "grad", "layernorm float16 backward is nan for a row of (nearly) equal values: "
+           "the derivative of rsqrt(var + eps), -½·(var+eps)^-1.5 ≈ -1.6e7 at eps=1e-5, overflows float16 before it is multiplied by 0; "
+           "PyTorch computes in float32. float16 [[0, 0, 0, 0]], eps=1e-5",
+           Case("layernorm", "float16", [T([[0.0, 0.0, 0.0, 0.0]], "float16")], {"axis": -1, "eps": 1e-5}),
+           when=lambda c: c.dtype == "float16" and _min_row_var(c) + c.kw["eps"] < 4e-4),
+  # ---- values
+  KnownBug("cos_large_arguments", "cos", "value", "cos(x) = sin(π/2 - x) rounds π/2 - x first: the absolute error is about ulp(x)/2, "
+           "above the tolerance from |x| ≈ 8 (float32 cos(1000.5) = 0.0971113, PyTorch 0.0971069; cos(2**31) = 0.971, PyTorch 0.238); "
+           "also for int inputs (cast to float32). PyTorch reduces the argument exactly",
+           Case("cos", "float32", [T([1000.5, 2.0 ** 31, 0.5], "float32")]), when=lambda c: _big(c, 8)),
+  KnownBug("tan_large_arguments", "tan", "value", "tan = sin/cos inherits cos's error for large |x|: float32 tan(1000.5) = 10.2488, "
+           "PyTorch 10.2493; tan(1e30) = -1.0, PyTorch 1.29", Case("tan", "float32", [T([1000.5, 1e30], "float32")]), when=lambda c: _big(c, 1.5)),
+  KnownBug("acosh_below_minus_one", "acosh", "value", "acosh(x) for x < -1 is not nan: float32 acosh(-1e30) = inf and acosh(-1e4) = -inf "
+           "(from 2^13 on it is log(2|x|), and below that x + sqrt(x²-1) cancels to 0); bfloat16 acosh(-30) = -inf. PyTorch: nan",
+           Case("acosh", "float32", [T([-1e30, -1e4, 2.0], "float32")]), when=lambda c: _any(c, lambda v: v < -1)),
+  KnownBug("erf_half_small_arguments", "erf", "value", "erf in float16/bfloat16 is computed as 1 - P(t)·exp(-x²) in half precision, which "
+           "cancels near 0: float16 erf(0.01) = 0.00879 and bfloat16 erf(0.01) = 0.0 (PyTorch 0.01128)",
+           Case("erf", "float16", [T([0.01, 0.5, 2.0], "float16")]),
+           when=lambda c: c.dtype in ("float16", "bfloat16") and _any(c, lambda v: (v != 0) & (np.abs(v) < 1))),
+  KnownBug("isclose_infinite_other", "isclose", "value", "isclose(a, ±inf) is True for every finite a: |a - inf| <= atol + rtol·|inf| is "
+           "inf <= inf; PyTorch (and numpy) give False. float32 isclose([0, 1], [inf, -inf])",
+           Case("isclose", "float32", [T([0.0, 1.0], "float32", False), T([np.inf, -np.inf], "float32", False)],
+                {"rtol": 1e-5, "atol": 1e-8, "equal_nan": False}),
+           when=lambda c: _any(c, np.isinf, 1)),
+  KnownBug("max_pool2d_nan_index", "max_pool2d", "value", "max_pool2d(return_indices=True) of a window holding a nan gives index H·W (out "
+           "of range: the nan maximum equals no element); PyTorch gives the nan's position. float32 [[[[1, nan], [2, 3]]]], kernel 2: "
+           "index 4, want 1", Case("max_pool2d", "float32", [T([[[[1.0, np.nan], [2.0, 3.0]]]], "float32")],
+                                    {"kernel_size": (2, 2), "stride": None, "padding": 0, "ceil_mode": False}),
+           when=lambda c: _any(c, np.isnan)),
+  KnownBug("interpolate_nonfinite_input", "interpolate", "value,grad", "interpolate: a nan/inf input makes nan every output of its row, "
+           "not only those it reaches: each resized axis is a product with a weight matrix and 0·inf = nan (nearest and linear modes). "
+           "float32 [[[1, inf, 2, 3]]] to size 6, nearest: 5 of 6 outputs nan",
+           Case("interpolate", "float32", [T([[[1.0, np.inf, 2.0, 3.0]]], "float32")], {"size": (6,), "mode": "nearest", "align_corners": False}),
+           when=_nonfinite),
+  KnownBug("interpolate_float64_weights", "interpolate", "value,grad", "interpolate of float64 in 'linear' mode uses float32 weights "
+           "(_interp_matrix), relative error ~2e-7; PyTorch computes them in float64. [[[1, 2, 4, 3]]] to size 6: 2.3333335 vs 2.3333333",
+           Case("interpolate", "float64", [T([[[1.0, 2.0, 4.0, 3.0]]], "float64")], {"size": (6,), "mode": "linear", "align_corners": False}),
+           when=lambda c: c.dtype == "float64" and c.kw["mode"] == "linear"),
+  KnownBug("interpolate_uint8_rounding", "interpolate", "value", "interpolate of uint8 in 'linear' mode is off by one from PyTorch's "
+           "fixed-point bilinear result: [[[[178, 85, 0, 182], [178]*4, [178]*4]]] to (5, 2) gives 132 and 126 where PyTorch gives 131 "
+           "and 125", Case("interpolate", "uint8", [T([[[[178, 85, 0, 182], [178, 178, 178, 178], [178, 178, 178, 178]]]], "uint8", False)],
+                           {"size": (5, 2), "mode": "linear", "align_corners": False}),
+           when=lambda c: c.dtype == "uint8" and c.kw["mode"] == "linear"),
+  KnownBug("conv_transpose2d_nonfinite_weight", "conv_transpose2d", "value,grad", "conv_transpose2d with stride > 1 and a nan/inf weight: "
+           "outputs that weight never reaches are nan too (the input is zero-interleaved and 0·inf = nan); PyTorch leaves them finite. "
+           "float32 ones((1,1,2,2)) with weight [[[[1, inf], [1, 1]]]], stride 2: 12 of 16 outputs nan, want 1",
+           Case("conv_transpose2d", "float32", [T(np.ones((1, 1, 2, 2)), "float32"), T([[[[1.0, np.inf], [1.0, 1.0]]]], "float32"), Py(None)],
+                {"groups": 1, "stride": 2, "dilation": 1, "padding": 0, "output_padding": 0}),
+           when=lambda c: _nonfinite(c, 1) or _nonfinite(c, 0)),
+  KnownBug("logaddexp_grad_at_inf", "logaddexp", "grad", "logaddexp(a, b) with a = +inf (or b): the gradient of the infinite side is nan; "
+           "PyTorch gives 1 (and 0 to the other). float32 logaddexp([inf, 1], [-1, inf])",
+           Case("logaddexp", "float32", [T([np.inf, 1.0], "float32"), T([-1.0, np.inf], "float32")]), when=lambda c: _any(c, np.isposinf)),
+  *[KnownBug(f"{op.replace('.', '_')}_of_inf", op, "value", f"{op}: floor division of an infinite a by a finite b is ±inf; PyTorch, numpy "
+             "and Python's // give nan. float32 [-inf, inf] // [1e30, 2]",
+             Case(op, "float32", [T([-np.inf, np.inf], "float32"), T([1e30, 2.0], "float32")]), when=lambda c: _nonfinite(c, 0))
+    for op in ("div.floor", "floordiv")],
+  KnownBug("sin_grad_large_arguments", "sin", "grad", "the gradient of sin is cos, with cos's error for large |x| (see "
+           "cos_large_arguments): float32 sin'(1e30) = 0.791, PyTorch -0.612", Case("sin", "float32", [T([1e30, 0.5], "float32")]),
+           when=lambda c: _big(c, 8)),
+  *[KnownBug(f"{op}_exp_overflow", op, "value,grad", f"{op}(x) = (exp(x) {sign} exp(-x))/2 overflows where exp(|x|) does but the "
+             f"result fits: float32 {op}(89) = inf, PyTorch 2.24e38; float64 {op}(710) = inf, PyTorch 1.1e308",
+             Case(op, "float32", [T([89.0, -89.3, 1.0], "float32")]), when=lambda c: _any(c, lambda v: (np.abs(v) > np.log(DT_MAX[c.dtype]) - 1)
+                                                                                           & (np.abs(v) < np.log(DT_MAX[c.dtype]) + 1)))
+    for op, sign in (("sinh", "-"), ("cosh", "+"))],
+  KnownBug("gelu_half_grad_large", "gelu", "grad", "gelu (tanh form) in float16: the gradient at |x| >= 256 is nan (x² in the derivative of "
+           "the tanh argument overflows half and meets 1 - tanh² = 0); PyTorch gives 1 (0 for -x). float16 gelu'(60000)",
+           Case("gelu", "float16", [T([60000.0, 1.0], "float16")]), when=lambda c: c.dtype == "float16" and _big(c, 200)),
+  KnownBug("mish_grad_huge", "mish", "grad", "mish's gradient at x ≈ 3e38 (float32) is nan; PyTorch gives 1",
+           Case("mish", "float32", [T([3e38, 1.0], "float32")]), when=lambda c: _big(c, DT_MAX[c.dtype] / 10)),
+  KnownBug("hardswish_half_overflow", "hardswish", "value,grad", "hardswish(x) = x·relu6(x + 3)/6 in float16 overflows for x > 10922 "
+           "(x·6 first): inf, PyTorch x. float16 hardswish([20000, 60000])", Case("hardswish", "float16", [T([20000.0, 60000.0], "float16")]),
+           when=lambda c: c.dtype == "float16" and _big(c, 10000)),
+  KnownBug("normalize_half_underflow", "normalize", "value,grad", "normalize of float16 with a tiny row: |x|^p underflows to 0 and eps=1e-12 "
+           "is 0 in half, so x/0 is nan or ±inf; PyTorch gives ±1. float16 [[0, -1e-6]] along -1: [nan, -inf], want [0, -1]",
+           Case("normalize", "float16", [T([[0.0, -1e-6], [1.0, 2.0]], "float16")], {"p": 2.0, "dim": -1}),
+           when=lambda c: c.dtype == "float16" and _any(c, lambda v: (v != 0) & (np.abs(v) < 0.05))),
+  KnownBug("copysign_nan_sign", "copysign", "value", "copysign(x, nan) ignores the nan's sign bit: copysign(1.7, -nan) is 1.7; PyTorch, numpy "
+           "and C give -1.7", Case("copysign", "float32", [T([1.7, 2.0], "float32"), T(np.array([-np.nan, np.nan]), "float32")]),
+           when=lambda c: _any(c, np.isnan, 1)),
+  *[KnownBug(f"{op}_neg_inf_logit", op, "value,grad", f"{op} with label_smoothing=0 and a -inf logit of a class other than the target is "
+             f"nan ({how}·-inf); PyTorch gives the finite loss. float32 logits [[-inf, 2.49], [0.2, 2.49]], targets [1, 0]: nan, want 2.39",
+             repro, when=lambda c: c.kw["label_smoothing"] == 0 and _any(c, np.isneginf, 0))
+    for op, how, repro in (("cross_entropy", "the one-hot target's 0",
+                            Case("cross_entropy", "float32", [T([[-np.inf, 2.49], [0.2, 2.49]], "float32"), index([1, 0])],
+                                 {"reduction": "sum", "label_smoothing": 0.0})),
+                           ("sparse_categorical_crossentropy", "label_smoothing·mean(logp), 0",
+                            Case("sparse_categorical_crossentropy", "float32", [T([[-np.inf, 2.49], [0.2, 2.49]], "float32"), index([1, 0])],
+                                 {"reduction": "sum", "label_smoothing": 0.0, "ignore_index": -1})))],
+  KnownBug("lerp_cancellation", "lerp", "value,grad", "lerp(a, b, w) = a + (b - a)·w loses b when |a| ≫ |b|: lerp(-1e30, 2.9, 1) = 0, "
+           "float32 lerp(1000, 1.1, 1) = 1.09998 and float16 lerp(30, 0.99, 1) = 0.984; PyTorch computes b - (b - a)(1 - w) for w >= 0.5 "
+           "and gives 2.9, 1.1 and 0.99", Case("lerp", "float32", [T([-1e30, 1000.0], "float32"), T([2.9, 1.1], "float32"), Py(1.0)]),
+           when=lambda c: _big(c, 8)),
+  *[KnownBug(f"{op.replace('.', '_')}_tiny_quotient", op, "value", f"{op}: floor(a/b) where a/b rounds to ±0 (b = ±inf, or |b| ≫ |a|) "
+             "is -0 for a negative quotient; PyTorch (and Python's //) give -1. float32 [-1.9, 1.0] // [inf, -1e30]: [-0, -0], want [-1, -1]",
+             Case(op, "float32", [T([-1.9, 1.0], "float32"), T([np.inf, -1e30], "float32")]), when=_tiny_quotient)
+    for op in ("div.floor", "floordiv")],
+  KnownBug("clip_tied_bounds_grad", "clip", "grad", "clip(x, lo, hi) with tensor bounds lo == hi and x < lo: the gradient goes to lo; "
+           "PyTorch gives it to hi (clamp is min(max(x, lo), hi): the outer bound wins). x=[-2.6], lo=[0], hi=[0]",
+           Case("clip", "float32", [T([-2.6, 1.0], "float32"), T([0.0, 0.0], "float32"), T([0.0, 0.0], "float32")]),
+           when=lambda c: isinstance(c.args[1], Arg) and bool(np.any(c.args[1].value == c.args[2].value))),
+  *[KnownBug(f"{op}_float16_realized_outputs_grad", op, "grad", f"{op} of float16 (seen with axis=0, keepdim=True and axis=None, "
+             "keepdim=True): once both outputs are realized (.numpy()), gradient() of a loss using both drops one path, silently. The root "
+             "is in autograd's reuse of realized results: y = x.exp(); z = y * 2; y.numpy(); z.numpy(); (y.sum() + z.sum()).gradient(x) "
+             "is e^x, want 3·e^x (float32 too; lazily it is right)",
+             Case(op, "float16", [T([[0.25, 2.8, -1.6], [-1.5, 1.0, 0.001]], "float16")], {"axis": 0, "keepdim": True, "correction": 1}),
+             when=lambda c: c.dtype == "float16") for op in ("var_mean", "std_mean")],
+  *[KnownBug(f"{op}_grad_zero_variance", op, "grad", f"{op}: the gradient where the standard deviation is 0 (a constant row) is nan "
+             "(sqrt'(0) = inf times 0); PyTorch gives 0. float32 [[0, 0], [1, 2]] along axis 1",
+             Case(op, "float32", [T([[0.0, 0.0], [1.0, 2.0]], "float32")], {"axis": 1, "keepdim": False, "correction": 1}),
+             when=lambda c: _std_zero(c)) for op in ("std", "std_mean")],
+  *[KnownBug(f"{op}_nan_index", op, "value", f"{op}: the index of a running {kind} that is nan is n (out of range: the nan equals no "
+             "element); PyTorch gives the nan's position. float32 [1, nan, 2]: indices [0, 3, 3], want [0, 1, 1]",
+             Case(op, "float32", [T([1.0, np.nan, 2.0], "float32")], {"axis": 0}), when=lambda c: _any(c, np.isnan))
+    for op, kind in (("cummax", "maximum"), ("cummin", "minimum"))],
+  KnownBug("cumprod_size1_axis_inf_grad", "cumprod", "grad", "cumprod along an axis of size 1 (the identity): the gradient of an infinite "
+           "element is nan; PyTorch passes the output gradient through. float32 [[inf, 2]] along axis 0",
+           Case("cumprod", "float32", [T([[np.inf, 2.0]], "float32")], {"axis": 0}),
+           when=lambda c: _any(c, np.isinf) and (c.args[0].value.ndim == 0 or c.args[0].value.shape[c.kw["axis"]] == 1)),
+  KnownBug("div_grad_tiny_divisor", "div", "grad", "a / b: the gradient of b is nan where a = 0 and 1/b overflows (float16 |b| < 1.5e-5, "
+           "float32 denormals): -(1/b)² · a is inf · 0; PyTorch computes -(a/b)/b and gives -0. float16 0 / -7e-6",
+           Case("div", "float16", [T([0.0, 1.0], "float16"), T([-7e-6, 2.0], "float16")]),
+           when=lambda c: _any(c, lambda v: np.abs(v) < 1 / DT_MAX.get(c.dtype, 1e300), 1)),
+  KnownBug("softplus_beta_overflow", "softplus", "value,grad", "softplus(x, beta) where beta·x overflows the dtype is inf (x·beta is "
+           "formed first); PyTorch returns x there (its threshold). float32 softplus(3e38, beta=2)",
+           Case("softplus", "float32", [T([3e38, 1.0], "float32"), Py(2.0)]), when=lambda c: _big(c, DT_MAX[c.dtype] / 2.5, 0)),
+  # ---- half precision: intermediates overflow where PyTorch computes in float32
+  KnownBug("layernorm_intermediate_overflow", "layernorm", "value,grad", "layernorm squares x - mean in the input dtype: float16 rows with "
+           "|x - mean| >= 256 normalize to 0 (float16 [[1000, 1, 2, 3]]: [0, 0, 0, 0], PyTorch [1.73, -0.58, -0.58, -0.58]); float32 and "
+           "bfloat16 rows with |x| >= ~1e19 give 0 where PyTorch gives nan (both overflow; plugrad's answer looks valid)",
+           Case("layernorm", "float16", [T([[1000.0, 1.0, 2.0, 3.0]], "float16")], {"axis": -1, "eps": 1e-5}),
+           when=lambda c: (c.dtype == "float16" and _big(c, 200)) or _big(c, 1e18)),
+  KnownBug("normalize_intermediate_overflow", "normalize", "value,grad", "normalize raises |x| to the p-th power in the input dtype: "
+           "where |x|^p overflows the norm is inf and x/inf is 0. float16 normalize([[1000, 1], [2, 3]], dim=1) has 0 where PyTorch has 1; "
+           "float32 the same from |x| ≈ 1.8e19 (p=2). PyTorch scales the norm",
+           Case("normalize", "float16", [T([[1000.0, 1.0], [2.0, 3.0]], "float16")], {"p": 2.0, "dim": 1}),
+           when=lambda c: _big(c, DT_MAX[c.dtype] ** (1 / c.kw["p"]) * 0.9)),
+  *[KnownBug(f"{op}_variance_overflow", op, "value,grad", f"{op} is inf where the variance overflows the dtype although the standard "
+             "deviation fits: float16 [1000, 1, 2, 3] is inf, want 499 (the variance is cast to half before the sqrt); float32 "
+             "[2, -1e30, -0.8] with correction=2 is inf, want 8.2e29. PyTorch takes the sqrt in float32 and scales",
+             Case(op, "float16", [T([1000.0, 1.0, 2.0, 3.0], "float16")], {"axis": None, "keepdim": False, "correction": 1}),
+             when=lambda c: _big(c, DT_MAX[c.dtype] ** 0.5 / 4)) for op in ("std", "std_mean")],
+  *[KnownBug(f"{op}_half_products_overflow", op, "value,grad", f"{op} of float16 multiplies in half before accumulating in float32: a "
+             "product past 65504 is inf (and inf - inf nan); PyTorch multiplies in float32. E.g. [300, 300]·[300, -300] = nan, want 0",
+             repro, when=_half_products_overflow)
+    for op, repro in (("matmul", Case("matmul", "float16", [T([[300.0, 300.0]], "float16"), T([[300.0], [-300.0]], "float16")])),
+                      ("dot", Case("dot", "float16", [T([300.0, 300.0], "float16"), T([300.0, -300.0], "float16")])),
+                      ("linear", Case("linear", "float16", [T([[300.0, 300.0]], "float16"), T([[300.0], [-300.0]], "float16"), Py(None)])),
+                      ("einsum", Case("einsum", "float16", [Py("i,i->"), T([300.0, 300.0], "float16"), T([300.0, -300.0], "float16")])),
+                      ("conv2d", Case("conv2d", "float16", [T(np.full((1, 1, 2, 2), 300.0), "float16"),
+                                                            T([[[[300.0, -300.0], [1.0, 1.0]]]], "float16"),
+                                                            Py(None)], {"groups": 1, "stride": 1, "dilation": 1, "padding": 0})),
+                      ("conv_transpose2d", Case("conv_transpose2d", "float16", [T(np.full((1, 2, 1, 1), 300.0), "float16"),
+                                                                                T(np.full((2, 1, 1, 1), 300.0) * [[[[1]]], [[[-1]]]], "float16"),
+                                                                                Py(None)],
+                                                {"groups": 1, "stride": 1, "dilation": 1, "padding": 0, "output_padding": 0})))],
+  KnownBug("sdpa_half_scores_overflow", "scaled_dot_product_attention", "value,grad", "scaled_dot_product_attention of float16/bfloat16: "
+           "q·k products are formed in half (matmul(dtype=float32) multiplies before it accumulates) and the scores are cast back to half "
+           "before softmax, so a score or product past 65504 is inf and its row nan, and softmax and its backward round in half: gradients "
+           "that cancel come out 0.06 (float16) or -1.5 (bfloat16) where PyTorch, which keeps them in float32, gives 2e-5. float16 "
+           "q=[[[255, 255]]], k=[[[255, 255], [1, 1]]], v=[[[1], [2]]]: nan, want 1",
+           Case("scaled_dot_product_attention", "float16", [T([[[255.0, 255.0]]], "float16"), T([[[255.0, 255.0], [1.0, 1.0]]], "float16"),
+                                                           T([[[1.0], [2.0]]], "float16"), Py(None)], {"is_causal": False}),
+           when=lambda c: c.dtype in ("float16", "bfloat16")),
+  # ---- dtypes
+  KnownBug("nll_loss_half_dtype", "nll_loss", "dtype", "nll_loss of float16/bfloat16 log-probabilities returns float32 (the one-hot "
+           "weights are float32 and promote); PyTorch (and cross_entropy here) keep the input dtype",
+           Case("nll_loss", "float16", [T([[-1.0, -2.0], [-0.5, -3.0]], "float16"), index([0, 1]), Py(None)], {"reduction": "mean"}),
+           when=lambda c: c.dtype in ("float16", "bfloat16")),
+]
+
+
+def _std_zero(c: Case) -> bool:
+  """Some reduced slice has variance 0 (a constant row of finite values)."""
+  x = c.args[0].value.astype(np.float64)
+  if not x.size: return False
+  ax = c.kw["axis"]
+  with np.errstate(all="ignore"): return bool(np.any(np.var(np.where(np.isfinite(x), x, np.nan), axis=ax) == 0))
+
+
+def _min_row_var(c: Case) -> float:
+  x = c.args[0].value.astype(np.float64)
+  if not x.size: return math.inf
+  ax = c.kw["axis"]
+  return float(np.nanmin(np.var(x, axis=ax))) if np.isfinite(x).all() else math.inf
