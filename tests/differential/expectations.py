@@ -68,7 +68,7 @@ def _remainder_inexact(c: Case) -> bool:
     q = np.broadcast_to(a, np.broadcast_shapes(a.shape, b.shape)) / b
     ok = np.isfinite(a) & np.isfinite(b) & (b != 0)
     near = (np.abs(q - np.round(q)) <= np.abs(q) * 2.0 ** -nmant * 2) & (q != 0)
-    return bool(np.any(ok & ((np.abs(q) >= 2.0 ** nmant) | near | (np.abs(q) > DT_MAX[c.dtype])))) or _tiny_quotient(c)
+    return bool(np.any(ok & ((np.abs(q) >= 2.0 ** nmant) | near | (np.abs(q) > _fmax(c))))) or _tiny_quotient(c)
 
 
 def _tiny_quotient(c: Case) -> bool:
@@ -81,7 +81,15 @@ def _tiny_quotient(c: Case) -> bool:
     return bool(np.any(fin & (np.isinf(b) | (np.abs(a / np.where(b == 0, 1, b)) < tiny / 2) & (b != 0))))
 
 
-DT_MAX = {"float64": 1.8e308, "float32": 3.4e38, "float16": 65504.0, "bfloat16": 3.39e38}
+DT_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+
+
+_SMALL = {"float64": 1e-290, "float32": 1e-30, "float16": 1e-3, "bfloat16": 1e-30}  # products of such factors underflow
+
+
+def _fmax(c: Case) -> float:
+  """The largest finite value of the dtype c computes in (integer inputs of math functions compute in float32)."""
+  return DT_MAX.get(c.dtype, DT_MAX["float32"])
 
 
 def _nonfinite(c: Case, i: int | None = None) -> bool: return _any(c, lambda v: ~np.isfinite(v), i)
@@ -261,7 +269,7 @@ ALLOWED: list[Allowed] = [
           when=lambda c: _big(c, 1e20)),
   Allowed("cumprod", "grad", "PyTorch's cumprod backward divides by the input where it is not 0, which is wrong for denormal inputs "
           "(1/x overflows); plugrad's is the product of the other factors, the gradient of the product written out", ref=_cumprod_loop,
-          when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < 1e-30))),
+          when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < _SMALL[c.dtype]))),
   Allowed("scatter_reduce", "grad", "amin/amax with include_self=False: PyTorch counts self among the values tied with the result although "
           "self is left out (each src gets 1/3 instead of 1/2 and the gradients sum to less than the output's); plugrad shares it among "
           "the src values that reached the result", ref=_scatter_extreme_ref,
@@ -372,14 +380,14 @@ KNOWN_BUGS: list[KnownBug] = [
            when=lambda c: _big(c, 8)),
   *[KnownBug(f"{op}_exp_overflow", op, "value,grad", f"{op}(x) = (exp(x) {sign} exp(-x))/2 overflows where exp(|x|) does but the "
              f"result fits: float32 {op}(89) = inf, PyTorch 2.24e38; float64 {op}(710) = inf, PyTorch 1.1e308",
-             Case(op, "float32", [T([89.0, -89.3, 1.0], "float32")]), when=lambda c: _any(c, lambda v: (np.abs(v) > np.log(DT_MAX[c.dtype]) - 1)
-                                                                                           & (np.abs(v) < np.log(DT_MAX[c.dtype]) + 1)))
+             Case(op, "float32", [T([89.0, -89.3, 1.0], "float32")]), when=lambda c: _any(c, lambda v: (np.abs(v) > np.log(_fmax(c)) - 1)
+                                                                                           & (np.abs(v) < np.log(_fmax(c)) + 1)))
     for op, sign in (("sinh", "-"), ("cosh", "+"))],
   KnownBug("gelu_half_grad_large", "gelu", "grad", "gelu (tanh form) in float16: the gradient at |x| >= 256 is nan (x² in the derivative of "
            "the tanh argument overflows half and meets 1 - tanh² = 0); PyTorch gives 1 (0 for -x). float16 gelu'(60000)",
            Case("gelu", "float16", [T([60000.0, 1.0], "float16")]), when=lambda c: c.dtype == "float16" and _big(c, 200)),
   KnownBug("mish_grad_huge", "mish", "grad", "mish's gradient at x ≈ 3e38 (float32) is nan; PyTorch gives 1",
-           Case("mish", "float32", [T([3e38, 1.0], "float32")]), when=lambda c: _big(c, DT_MAX[c.dtype] / 10)),
+           Case("mish", "float32", [T([3e38, 1.0], "float32")]), when=lambda c: _big(c, _fmax(c) / 10)),
   KnownBug("hardswish_half_overflow", "hardswish", "value,grad", "hardswish(x) = x·relu6(x + 3)/6 in float16 overflows for x > 10922 "
            "(x·6 first): inf, PyTorch x. float16 hardswish([20000, 60000])", Case("hardswish", "float16", [T([20000.0, 60000.0], "float16")]),
            when=lambda c: c.dtype == "float16" and _big(c, 10000)),
@@ -425,6 +433,15 @@ KNOWN_BUGS: list[KnownBug] = [
              "element); PyTorch gives the nan's position. float32 [1, nan, 2]: indices [0, 3, 3], want [0, 1, 1]",
              Case(op, "float32", [T([1.0, np.nan, 2.0], "float32")], {"axis": 0}), when=lambda c: _any(c, np.isnan))
     for op, kind in (("cummax", "maximum"), ("cummin", "minimum"))],
+  KnownBug("cumprod_grad_underflow", "cumprod", "grad", "cumprod's gradient is formed from the running product divided by the factor: "
+           "where that product underflows (float16 [[-1.2e-7], [-0.284]] along axis 0, a subnormal product) the gradient of the first "
+           "element is 1.25, want 1 + (-0.5)(-0.284) = 1.14 (PyTorch, which also divides, gives 1.0; the Allowed entry compares with the "
+           "product written out)", Case("cumprod", "float16", [T([[-1.1920928955078125e-07], [-0.284423828125]], "float16")], {"axis": 0}),
+           when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < _SMALL[c.dtype]))),
+  KnownBug("hardswish_grad_below_3", "hardswish", "grad", "hardswish's gradient one ulp below 3 is 1 (x + 3 rounds to 6 and relu6 is "
+           "saturated), PyTorch gives (2x + 3)/6 = 1.5: float64 x = 2.9999999999999996 (and likewise one ulp above -3)",
+           Case("hardswish", "float64", [T([2.9999999999999996, 1.0], "float64")]),
+           when=lambda c: _any(c, lambda v: (np.abs(np.abs(v) - 3) < 1e-5) & (np.abs(v) != 3))),
   KnownBug("cumprod_size1_axis_inf_grad", "cumprod", "grad", "cumprod along an axis of size 1 (the identity): the gradient of an infinite "
            "element is nan; PyTorch passes the output gradient through. float32 [[inf, 2]] along axis 0",
            Case("cumprod", "float32", [T([[np.inf, 2.0]], "float32")], {"axis": 0}),
@@ -435,7 +452,7 @@ KNOWN_BUGS: list[KnownBug] = [
            when=lambda c: _any(c, lambda v: np.abs(v) < 1 / DT_MAX.get(c.dtype, 1e300), 1)),
   KnownBug("softplus_beta_overflow", "softplus", "value,grad", "softplus(x, beta) where beta·x overflows the dtype is inf (x·beta is "
            "formed first); PyTorch returns x there (its threshold). float32 softplus(3e38, beta=2)",
-           Case("softplus", "float32", [T([3e38, 1.0], "float32"), Py(2.0)]), when=lambda c: _big(c, DT_MAX[c.dtype] / 2.5, 0)),
+           Case("softplus", "float32", [T([3e38, 1.0], "float32"), Py(2.0)]), when=lambda c: _big(c, _fmax(c) / 2.5, 0)),
   # ---- half precision: intermediates overflow where PyTorch computes in float32
   KnownBug("layernorm_intermediate_overflow", "layernorm", "value,grad", "layernorm squares x - mean in the input dtype: float16 rows with "
            "|x - mean| >= 256 normalize to 0 (float16 [[1000, 1, 2, 3]]: [0, 0, 0, 0], PyTorch [1.73, -0.58, -0.58, -0.58]); float32 and "
@@ -446,12 +463,12 @@ KNOWN_BUGS: list[KnownBug] = [
            "where |x|^p overflows the norm is inf and x/inf is 0. float16 normalize([[1000, 1], [2, 3]], dim=1) has 0 where PyTorch has 1; "
            "float32 the same from |x| ≈ 1.8e19 (p=2). PyTorch scales the norm",
            Case("normalize", "float16", [T([[1000.0, 1.0], [2.0, 3.0]], "float16")], {"p": 2.0, "dim": 1}),
-           when=lambda c: _big(c, DT_MAX[c.dtype] ** (1 / c.kw["p"]) * 0.9)),
+           when=lambda c: _big(c, _fmax(c) ** (1 / c.kw["p"]) * 0.9)),
   *[KnownBug(f"{op}_variance_overflow", op, "value,grad", f"{op} is inf where the variance overflows the dtype although the standard "
              "deviation fits: float16 [1000, 1, 2, 3] is inf, want 499 (the variance is cast to half before the sqrt); float32 "
              "[2, -1e30, -0.8] with correction=2 is inf, want 8.2e29. PyTorch takes the sqrt in float32 and scales",
              Case(op, "float16", [T([1000.0, 1.0, 2.0, 3.0], "float16")], {"axis": None, "keepdim": False, "correction": 1}),
-             when=lambda c: _big(c, DT_MAX[c.dtype] ** 0.5 / 4)) for op in ("std", "std_mean")],
+             when=lambda c: _big(c, _fmax(c) ** 0.5 / 4)) for op in ("std", "std_mean")],
   *[KnownBug(f"{op}_half_products_overflow", op, "value,grad", f"{op} of float16 multiplies in half before accumulating in float32: a "
              "product past 65504 is inf (and inf - inf nan); PyTorch multiplies in float32. E.g. [300, 300]·[300, -300] = nan, want 0",
              repro, when=_half_products_overflow)

@@ -130,6 +130,7 @@ def test_schedule_cache_reuses_a_graph_form_over_other_buffers():
   from plugrad.engine import schedule as sched
   from plugrad.helpers import Context
   with Context(SCHEDULE_CACHE=1):
+    sched._cache.clear()  # an LRU of 512 forms: full after the tests before this one in the process, it would not grow
     rng = np.random.default_rng(0)
     def step(a, b): return ((Tensor(a) * Tensor(b)).contiguous() + 1).sum(axis=0)
     a1, b1, a2, b2 = (rng.random((5, 7), dtype=np.float32) for _ in range(4))
