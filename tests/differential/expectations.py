@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .harness import DT, Allowed, Arg, Case, KnownBug, Py, index
+from .harness import DT, TOL, Allowed, Arg, Case, KnownBug, Py, index
 from .ops import _cum_first
 
 # ---------------------------------------------------------------- helpers for `when` and `ref`
@@ -56,7 +56,17 @@ def _any(c: Case, pred: Any, i: int | None = None) -> bool:
     return any(v.size and bool(np.any(pred(v))) for v in _floats(c, i))
 
 
+_TRIG = {"float64": 8.0, "float32": 8.0, "float16": 0.5, "bfloat16": 0.5}  # cos(x) = sin(π/2 - x) is off past these |x| (ints: float32)
+_TRIG.update(dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "bool"), 8.0))
 _TINY = {"float64": 1e-154, "float32": 1e-19, "float16": 4e-3, "bfloat16": 1e-19}  # 1/b² overflows below these
+
+
+def _quotient_derivative_overflows(c: Case) -> bool:
+  """d(a/b) = 1/b and -a/b² are not finite somewhere: b = 0 or tiny, |a|/b² past the dtype's largest, or a infinite."""
+  (a,), (b,) = _floats(c, 0), _floats(c, 1)
+  a, b = np.broadcast_arrays(a, b)
+  with np.errstate(all="ignore"):
+    return bool(np.any(~np.isfinite(a) | (np.abs(b) < _TINY[c.dtype]) | (np.abs(a) / (b * b) > _fmax(c)) | (np.abs(b) > 1 / _TINY[c.dtype])))
 
 
 def _remainder_inexact(c: Case) -> bool:
@@ -68,7 +78,10 @@ def _remainder_inexact(c: Case) -> bool:
     q = np.broadcast_to(a, np.broadcast_shapes(a.shape, b.shape)) / b
     ok = np.isfinite(a) & np.isfinite(b) & (b != 0)
     near = (np.abs(q - np.round(q)) <= np.abs(q) * 2.0 ** -nmant * 2) & (q != 0)
-    return bool(np.any(ok & ((np.abs(q) >= 2.0 ** nmant) | near | (np.abs(q) > _fmax(c))))) or _tiny_quotient(c)
+    r = np.fmod(a, np.where(b == 0, 1, b))  # |a - trunc(a/b)·b| rounds at ulp(a): off by more than the tolerance allows
+    rtol, atol = TOL[c.dtype]
+    rounds = np.abs(a) * 2.0 ** -nmant > atol + rtol * np.abs(r)
+    return bool(np.any(ok & ((np.abs(q) >= 2.0 ** nmant) | near | (np.abs(q) > _fmax(c)) | rounds))) or _tiny_quotient(c)
 
 
 def _tiny_quotient(c: Case) -> bool:
@@ -77,8 +90,8 @@ def _tiny_quotient(c: Case) -> bool:
   tiny = {"float64": 5e-324, "float32": 1.4e-45, "float16": 6e-8, "bfloat16": 9.2e-41}[c.dtype]
   with np.errstate(all="ignore"):
     a, b = np.broadcast_arrays(a, b)
-    fin = np.isfinite(a) & (a != 0)
-    return bool(np.any(fin & (np.isinf(b) | (np.abs(a / np.where(b == 0, 1, b)) < tiny / 2) & (b != 0))))
+    under = (a != 0) & np.isfinite(a) & (b != 0) & (np.abs(a / np.where(b == 0, 1, b)) < tiny / 2)
+    return bool(np.any(np.isfinite(a) & np.isinf(b)) or np.any(under))
 
 
 DT_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
@@ -124,10 +137,10 @@ def _conv_padded(x: Any, w: Any, b: Any, groups: int, stride: Any, dilation: Any
 
 
 def _lcse_loop(x: Any, axis: int) -> Any:
-  """logcumsumexp as logsumexp over each prefix (its gradient is the prefix's softmax)."""
+  """logcumsumexp as logsumexp over each prefix, each with the prefix's softmax as its gradient."""
   if x.ndim == 0 or x.shape[axis] == 0: return torch.logcumsumexp(x, axis)
   xt = x.movedim(axis, 0)
-  return torch.stack([torch.logsumexp(xt[:i + 1], 0) for i in range(xt.shape[0])]).movedim(0, axis)
+  return torch.stack([_lse_softmax_grad(xt[:i + 1], 0) for i in range(xt.shape[0])]).movedim(0, axis)
 
 
 def _cumprod_loop(x: Any, axis: int) -> Any:
@@ -156,6 +169,27 @@ def _scatter_extreme_ref(x: Any, index: Any, src: Any, dim: int, reduce: str, in
   out = xt.clone()
   out[tuple(slice(0, p) for p in pre)] = torch.where(hit.any(-1), red, part)
   return out.movedim(-1, d)
+
+
+def _divisor_ok(c: Case) -> bool:
+  x, axis = c.args[0].value, c.kw["axis"]
+  axes = range(x.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
+  return (int(np.prod([x.shape[a] for a in axes])) if x.ndim else 1) > c.kw["correction"]
+
+
+def _var_by_zero(op: str) -> Any:
+  """var and friends written out with the numerator in the input dtype, divided by max(0, N - correction)."""
+  def ref(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
+    x = x if x.dtype.is_floating_point else x.float()
+    d = _dims(x, axis)
+    n = int(np.prod([x.shape[i] for i in ((d,) if isinstance(d, int) else d)])) if x.ndim else 1
+    var = ((x - x.mean(d, keepdim=True)) ** 2).sum(d, keepdim=keepdim) / max(0, n - correction)
+    out = var.sqrt() if op.startswith("std") else var
+    return (out, x.mean(d, keepdim=keepdim)) if op.endswith("_mean") else out
+  return ref
+
+
+def _reduce(x: Any, reduction: str) -> Any: return x.mean() if reduction == "mean" else x.sum() if reduction == "sum" else x
 
 
 def _dims(x: Any, axis: Any) -> Any: return tuple(range(x.ndim)) if axis is None else axis
@@ -248,14 +282,24 @@ ALLOWED: list[Allowed] = [
           ref=_conv_padded, when=lambda c: _nonfinite(c, 1) and c.kw["padding"] != 0),
   Allowed("div", "grad", "the gradient of a/b for b is -(a/b)/b, finite where PyTorch's -a/b² underflows b² to 0 (float64 "
           "a=-1e-310, b=3.9e-166: PyTorch -inf)", ref=_div_exact, when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < 1e-19), 1)),
-  *[Allowed(op, "value", "with an infinite input the mean is ±inf, as torch.mean gives; PyTorch's fused var_mean/std_mean give nan",
-            ref=lambda x, axis=None, keepdim=False, correction=1, _f=f: _f(x, axis, keepdim, correction), when=_nonfinite)
+  *[Allowed(op, "value", "the results are var/std and mean computed apart, as torch.var and torch.mean give them: with an infinite input "
+            "the mean is ±inf (PyTorch's fused var_mean/std_mean, Welford's algorithm, give nan), and where the sum overflows inf "
+            "(two 3e38: inf and inf, var_mean gives 0 and 3e38)",
+            ref=lambda x, axis=None, keepdim=False, correction=1, _f=f: _f(x, axis, keepdim, correction),
+            when=lambda c: _nonfinite(c) or _big(c, _fmax(c) / 4))
     for op, f in (("var_mean", lambda x, a, k, c: (torch.var(x, _dims(x, a), keepdim=k, correction=c), torch.mean(x, _dims(x, a), keepdim=k))),
                   ("std_mean", lambda x, a, k, c: (torch.std(x, _dims(x, a), keepdim=k, correction=c), torch.mean(x, _dims(x, a), keepdim=k))))],
   Allowed("logsumexp", "grad", "the gradient is softmax(x); PyTorch's exp(x - logsumexp(x)) is off where the result rounds (two equal "
           "maxima of 1e38: PyTorch 1 each, plugrad 0.5)", ref=_lse_softmax_grad, when=lambda c: _big(c, 1e6)),
   Allowed("lerp", "value", "lerp with an infinite end point is a + (b - a)·w (±inf); PyTorch's b - (b - a)(1 - w) gives nan at w = 1",
           ref=lambda a, b, w: a + (b - a) * w, when=_nonfinite),
+  *[Allowed(op, "value", "where N - correction <= 0 the variance divides by 0; plugrad's numerator is formed in the input dtype, so it "
+            "is nan (0/0) where the squares underflow and PyTorch's inf (docs/tensor.md: var divides by max(0, N - correction))",
+            ref=_var_by_zero(op), when=lambda c: not _divisor_ok(c)) for op in ("var", "std", "var_mean", "std_mean")],
+  Allowed("binary_crossentropy_logits", "value", "at ±inf logits the loss is its limit (inf or 0), from logsigmoid; PyTorch's "
+          "(1 - y)·x + max(-x, 0) + ... gives nan there, and cancels to 0 for huge logits (y = 5e-28, x = -1e38: 0, plugrad 5.4e10)",
+          ref=lambda x, y, pw, reduction="mean": _reduce(-(y * F.logsigmoid(x) * (1 if pw is None else pw) + (1 - y) * F.logsigmoid(-x)), reduction),
+          when=lambda c: _nonfinite(c, 0) or _big(c, 1e15, 0)),
   Allowed("hardsigmoid", "grad", "PyTorch's float64 hardsigmoid backward uses a float32 1/6 (off by 3e-8); plugrad's is exact",
           ref=lambda x: torch.where((x > -3) & (x < 3), x / 6 + 0.5, F.hardsigmoid(x)), when=lambda c: c.dtype == "float64"),
   Allowed("gelu.none", "value", "gelu(±inf) is its limit (inf, 0); PyTorch's erf form gives nan there",
@@ -286,7 +330,7 @@ KNOWN_BUGS: list[KnownBug] = [
              f"not finite: a zero divisor, one so small that 1/b² overflows (a float32 denormal, float16 |b| < 0.004) or so large that b² "
              f"does, or an infinite a (the backward multiplies through 1/b and a/b²); PyTorch gives {want}. E.g. float32 a=[1, 0], "
              f"b=[0, {b1}]", Case(op, "float32", [T([1.0, 0.0], "float32"), T([0.0, b1], "float32")]),
-             when=lambda c: _any(c, lambda v: (np.abs(v) < _TINY[c.dtype]) | (np.abs(v) > 1 / _TINY[c.dtype]), 1) or _nonfinite(c, 0))
+             when=_quotient_derivative_overflows)
     for op, want, b1 in (("div.trunc", "0 for both inputs (rounding has zero derivative)", 0.0), ("div.floor", "0 for both inputs", 0.0),
                          ("mod", "1 for a and -inf for b (a - floor(a/b)·b)", 2.0), ("fmod", "1 for a and -inf for b", 2.0))],
   *[KnownBug(f"{op}_inexact_remainder", op, "value,grad", f"{op} of floats is a - {rnd}(a/b)·b in the input dtype: when a/b rounds "
@@ -328,9 +372,10 @@ KNOWN_BUGS: list[KnownBug] = [
   KnownBug("cos_large_arguments", "cos", "value", "cos(x) = sin(π/2 - x) rounds π/2 - x first: the absolute error is about ulp(x)/2, "
            "above the tolerance from |x| ≈ 8 (float32 cos(1000.5) = 0.0971113, PyTorch 0.0971069; cos(2**31) = 0.971, PyTorch 0.238); "
            "also for int inputs (cast to float32). PyTorch reduces the argument exactly",
-           Case("cos", "float32", [T([1000.5, 2.0 ** 31, 0.5], "float32")]), when=lambda c: _big(c, 8)),
-  KnownBug("tan_large_arguments", "tan", "value", "tan = sin/cos inherits cos's error for large |x|: float32 tan(1000.5) = 10.2488, "
-           "PyTorch 10.2493; tan(1e30) = -1.0, PyTorch 1.29", Case("tan", "float32", [T([1000.5, 1e30], "float32")]), when=lambda c: _big(c, 1.5)),
+           Case("cos", "float32", [T([1000.5, 2.0 ** 31, 0.5], "float32")]), when=lambda c: _big(c, _TRIG[c.dtype])),
+  KnownBug("tan_large_arguments", "tan", "value,grad", "tan = sin/cos inherits cos's error for large |x|: float32 tan(1000.5) = 10.2488, "
+           "PyTorch 10.2493; tan(1e30) = -1.0, PyTorch 1.29; float16 tan(-1.286) = -3.402, PyTorch -3.418",
+           Case("tan", "float32", [T([1000.5, 1e30], "float32")]), when=lambda c: _big(c, 1.5 if _TRIG[c.dtype] > 1 else 0.5)),
   KnownBug("acosh_below_minus_one", "acosh", "value", "acosh(x) for x < -1 is not nan: float32 acosh(-1e30) = inf and acosh(-1e4) = -inf "
            "(from 2^13 on it is log(2|x|), and below that x + sqrt(x²-1) cancels to 0); bfloat16 acosh(-30) = -inf. PyTorch: nan",
            Case("acosh", "float32", [T([-1e30, -1e4, 2.0], "float32")]), when=lambda c: _any(c, lambda v: v < -1)),
@@ -377,7 +422,7 @@ KNOWN_BUGS: list[KnownBug] = [
     for op in ("div.floor", "floordiv")],
   KnownBug("sin_grad_large_arguments", "sin", "grad", "the gradient of sin is cos, with cos's error for large |x| (see "
            "cos_large_arguments): float32 sin'(1e30) = 0.791, PyTorch -0.612", Case("sin", "float32", [T([1e30, 0.5], "float32")]),
-           when=lambda c: _big(c, 8)),
+           when=lambda c: _big(c, _TRIG[c.dtype])),
   *[KnownBug(f"{op}_exp_overflow", op, "value,grad", f"{op}(x) = (exp(x) {sign} exp(-x))/2 overflows where exp(|x|) does but the "
              f"result fits: float32 {op}(89) = inf, PyTorch 2.24e38; float64 {op}(710) = inf, PyTorch 1.1e308",
              Case(op, "float32", [T([89.0, -89.3, 1.0], "float32")]), when=lambda c: _any(c, lambda v: (np.abs(v) > np.log(_fmax(c)) - 1)
@@ -399,8 +444,9 @@ KNOWN_BUGS: list[KnownBug] = [
            "and C give -1.7", Case("copysign", "float32", [T([1.7, 2.0], "float32"), T(np.array([-np.nan, np.nan]), "float32")]),
            when=lambda c: _any(c, np.isnan, 1)),
   *[KnownBug(f"{op}_neg_inf_logit", op, "value,grad", f"{op} with label_smoothing=0 and a -inf logit of a class other than the target is "
-             f"nan ({how}·-inf); PyTorch gives the finite loss. float32 logits [[-inf, 2.49], [0.2, 2.49]], targets [1, 0]: nan, want 2.39",
-             repro, when=lambda c: c.kw["label_smoothing"] == 0 and _any(c, np.isneginf, 0))
+             f"nan ({how}·-inf; also when a logit near 3e38 makes log_softmax's sum overflow); PyTorch gives the finite loss. float32 "
+             "logits [[-inf, 2.49], [0.2, 2.49]], targets [1, 0]: nan, want 2.39",
+             repro, when=lambda c: c.kw["label_smoothing"] == 0 and (_any(c, np.isneginf, 0) or _big(c, 1e37, 0)))
     for op, how, repro in (("cross_entropy", "the one-hot target's 0",
                             Case("cross_entropy", "float32", [T([[-np.inf, 2.49], [0.2, 2.49]], "float32"), index([1, 0])],
                                  {"reduction": "sum", "label_smoothing": 0.0})),
@@ -426,13 +472,29 @@ KNOWN_BUGS: list[KnownBug] = [
              Case(op, "float16", [T([[0.25, 2.8, -1.6], [-1.5, 1.0, 0.001]], "float16")], {"axis": 0, "keepdim": True, "correction": 1}),
              when=lambda c: c.dtype == "float16") for op in ("var_mean", "std_mean")],
   *[KnownBug(f"{op}_grad_zero_variance", op, "grad", f"{op}: the gradient where the standard deviation is 0 (a constant row) is nan "
-             "(sqrt'(0) = inf times 0); PyTorch gives 0. float32 [[0, 0], [1, 2]] along axis 1",
+             "(sqrt'(0) = inf times 0), PyTorch gives 0; where the variance is subnormal it loses precision (float32 values of 5.7e-22: "
+             "0.2878, PyTorch 0.2887) or is nan (bfloat16, float16). float32 [[0, 0], [1, 2]] along axis 1",
              Case(op, "float32", [T([[0.0, 0.0], [1.0, 2.0]], "float32")], {"axis": 1, "keepdim": False, "correction": 1}),
              when=lambda c: _std_zero(c)) for op in ("std", "std_mean")],
   *[KnownBug(f"{op}_nan_index", op, "value", f"{op}: the index of a running {kind} that is nan is n (out of range: the nan equals no "
              "element); PyTorch gives the nan's position. float32 [1, nan, 2]: indices [0, 3, 3], want [0, 1, 1]",
              Case(op, "float32", [T([1.0, np.nan, 2.0], "float32")], {"axis": 0}), when=lambda c: _any(c, np.isnan))
     for op, kind in (("cummax", "maximum"), ("cummin", "minimum"))],
+  KnownBug("mish_half_small_softplus", "mish", "value,grad", "mish = x·tanh(softplus(x)) in float16/bfloat16 for x < -1: softplus is "
+           "max(x, 0) + log(1 + exp(-|x|)) in half precision, without log1p, so small results lose their digits (bfloat16 softplus(-2.98) "
+           "= 0.0457, want 0.0493; softplus(-8) = 0 in both halves, want 3.4e-4: within softplus' own atol), and mish multiplies the "
+           "error by x: bfloat16 mish(-2.98) = -0.134, PyTorch -0.147; float16 mish(-8) = -0, PyTorch -0.0027",
+           Case("mish", "bfloat16", [T([-2.98, 1.0], "bfloat16")]), when=lambda c: c.dtype in ("float16", "bfloat16") and _any(c, lambda v: v < -1)),
+  KnownBug("logcumsumexp_grad_inf_later", "logcumsumexp", "grad", "logcumsumexp with +inf after a large element: where the running max is "
+           "+inf the shift is 0, so exp of the earlier element overflows and its gradient is nan; PyTorch 1.5. float32 [0, 1000, 0, inf]",
+           Case("logcumsumexp", "float32", [T([0.0, 1000.0, 0.0, np.inf], "float32")], {"axis": 0}),
+           when=lambda c: _any(c, np.isposinf) and _big(c, 50)),
+  KnownBug("nll_loss_ignored_nonfinite", "nll_loss", "value,grad", "nll_loss with ignore_index: an ignored row whose picked log-probability "
+           "is nan or -inf still makes the loss nan (it is multiplied by the weight 0); PyTorch leaves it out. float32 [[-0.1, -2], "
+           "[nan, -inf]], targets [0, 1], ignore_index=1: nan, want 0.1",
+           Case("nll_loss", "float32", [T([[-0.1, -2.0], [np.nan, -np.inf]], "float32"), index([0, 1]), Py(None)],
+                {"reduction": "mean", "ignore_index": 1}),
+           when=lambda c: "ignore_index" in c.kw and _nonfinite(c, 0)),
   KnownBug("cumprod_grad_underflow", "cumprod", "grad", "cumprod's gradient is formed from the running product divided by the factor: "
            "where that product underflows (float16 [[-1.2e-7], [-0.284]] along axis 0, a subnormal product) the gradient of the first "
            "element is 1.25, want 1 + (-0.5)(-0.284) = 1.14 (PyTorch, which also divides, gives 1.0; the Allowed entry compares with the "
@@ -464,6 +526,11 @@ KNOWN_BUGS: list[KnownBug] = [
            "float32 the same from |x| ≈ 1.8e19 (p=2). PyTorch scales the norm",
            Case("normalize", "float16", [T([[1000.0, 1.0], [2.0, 3.0]], "float16")], {"p": 2.0, "dim": 1}),
            when=lambda c: _big(c, _fmax(c) ** (1 / c.kw["p"]) * 0.9)),
+  *[KnownBug(f"{op}_overflow", op, "value,grad", f"{op}: where the sum or the squared deviations overflow (float32 3e38) the mean is "
+             "inf, so the variance is inf where it is 0 (two 3e38 along an outer axis; PyTorch's Welford algorithm gives 0 and 3e38), and "
+             "the gradient is nan where PyTorch gives ±inf (2(x - mean)/(N - 1) overflows with its sign). float32 [[3e38], [3e38]] along axis 0",
+             Case(op, "float32", [T([[3e38], [3e38]], "float32")], {"axis": 0, "keepdim": True, "correction": 1}),
+             when=lambda c: _big(c, _fmax(c) ** 0.5 / 4)) for op in ("var", "var_mean")],
   *[KnownBug(f"{op}_variance_overflow", op, "value,grad", f"{op} is inf where the variance overflows the dtype although the standard "
              "deviation fits: float16 [1000, 1, 2, 3] is inf, want 499 (the variance is cast to half before the sqrt); float32 "
              "[2, -1e30, -0.8] with correction=2 is inf, want 8.2e29. PyTorch takes the sqrt in float32 and scales",
@@ -500,15 +567,17 @@ KNOWN_BUGS: list[KnownBug] = [
 
 
 def _std_zero(c: Case) -> bool:
-  """Some reduced slice has variance 0 (a constant row of finite values)."""
+  """Some reduced slice of finite values has a variance below the dtype's smallest normal number (0 for a constant row)."""
   x = c.args[0].value.astype(np.float64)
   if not x.size: return False
-  ax = c.kw["axis"]
-  with np.errstate(all="ignore"): return bool(np.any(np.var(np.where(np.isfinite(x), x, np.nan), axis=ax) == 0))
+  normal = {"float64": 2.3e-308, "float16": 6.2e-5}.get(c.dtype, 1.2e-38)
+  with np.errstate(all="ignore"): return bool(np.any(np.var(np.where(np.isfinite(x), x, np.nan), axis=c.kw["axis"]) < normal))
 
 
 def _min_row_var(c: Case) -> float:
+  """The smallest variance of a row of finite values (inf where there is none)."""
   x = c.args[0].value.astype(np.float64)
   if not x.size: return math.inf
-  ax = c.kw["axis"]
-  return float(np.nanmin(np.var(x, axis=ax))) if np.isfinite(x).all() else math.inf
+  with np.errstate(all="ignore"):
+    v = np.var(np.where(np.isfinite(x), x, np.nan), axis=c.kw["axis"])
+  return float(np.nanmin(v)) if np.isfinite(v).any() else math.inf

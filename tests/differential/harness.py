@@ -221,13 +221,17 @@ class Mismatch(AssertionError):
     self.part = part
 
 
+def _fmax(dt: np.dtype) -> float: return float(np.finfo(dt).max)
+
+
 def mismatch(got: np.ndarray, want: np.ndarray, tol: tuple[float, float] | None, skip: np.ndarray | None = None,
              undefined: bool = False, loose: bool = False, scale: np.ndarray | None = None, inf_in: bool = False) -> str | None:
   """Why `got` is not `want` (None when it is): shapes equal, then values within tol (floats) or equal.
   `skip`: elements not compared. `undefined` (gradients): where `want` is nan anything will do (there is nothing to
   compare with); with inputs holding ±inf (`inf_in`), where it is ±inf nan will do too (which of them comes out depends on
-  the order of evaluation). `loose` (an output is nan throughout): where one side is nan and the other a number, neither
-  means anything. `scale`: rtol is relative to
+  the order of evaluation), and where it is ±inf a finite `got` of the same sign within 2^16 of the dtype's largest
+  value will do (the product overflowed in one order of evaluation and not the other). `loose` (an output is nan
+  throughout): where one side is nan and the other a number, neither means anything. `scale`: rtol is relative to
   max(|want|, scale) (for sums, the sum of the magnitudes: their rounding error bound)."""
   got, want = np.asarray(got), np.asarray(want)
   if got.shape != want.shape: return f"shape {got.shape}, want {want.shape}"
@@ -247,7 +251,11 @@ def mismatch(got: np.ndarray, want: np.ndarray, tol: tuple[float, float] | None,
     with np.errstate(invalid="ignore", over="ignore"):
       close = np.abs(g - w) <= atol + rtol * ref
     bad = (gn != wn) | (~gn & ~wn & np.where(inf, g != w, ~close))
-    if undefined: bad &= ~(wn | (np.isinf(w) & gn & inf_in))
+    if undefined:
+      bad &= ~(wn | (np.isinf(w) & gn & inf_in))
+      if got.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+          bad &= ~(np.isinf(w) & np.isfinite(g) & (np.sign(g) == np.sign(w)) & (np.abs(g) >= _fmax(got.dtype) / 2 ** 16))
     if loose: bad &= ~(gn ^ wn)
   if skip is not None: bad &= ~np.broadcast_to(skip, bad.shape)
   if not bad.any(): return None
@@ -451,6 +459,10 @@ def compare(op: Op, case: Case, device: str, pt: Callable[..., Any] | None = Non
         skip = np.isnan(torch_np(touts[0]).astype(np.float64)) if op.elementwise else None
         for i, (g, w, t) in enumerate(zip(pg, tg, diffs)):
           scale = mag[1][i] if mag is not None and i < len(mag[1]) else None
+          if TORCH_NAME[t.dtype] in ("float16", "bfloat16") and w.size:  # half precision: sums that cancel round at the tensor's scale
+            fin = np.abs(w[np.isfinite(w)].astype(np.float64))
+            tscale = np.full(w.shape, fin.max() / 8 if fin.size else 0.0)
+            scale = tscale if scale is None else np.maximum(scale, tscale)
           if (why := mismatch(g, w, _tol(GRAD_TOL, TORCH_NAME[t.dtype], op), skip, True, nan_out, scale, inf_in)) is not None:
             bad.append(("grad", f"gradient of input {i}: {why}"))
   return bad

@@ -170,6 +170,11 @@ def _sparse_ce_ref(x: Any, y: Any, ignore_index: int = -1, label_smoothing: floa
   return out.reshape(y.shape) if reduction == "none" else out
 
 
+def _normalize_mag(x: Any, p: float, dim: int) -> Any:
+  """The scale of normalize's rounding: |x|/n forward and 1/n for the gradient (its terms, which cancel, are of that size)."""
+  return x * (1 / torch.linalg.vector_norm(x, p, dim, keepdim=True).clamp_min(1e-12)).detach()
+
+
 def _layernorm_mag(x: Any, axis: Any, eps: float) -> Any:
   """The scale of layernorm's rounding error: |x|/sqrt(var + eps), the rounding of the mean amplified (a constant row gives
   about ulp(x)/sqrt(eps), not 0)."""
@@ -736,7 +741,8 @@ OPS: list[Op] = [
   Op("softmax", lambda x, axis: x.softmax(axis), lambda x, axis: F.softmax(_f32(x), axis), gen_softmax, FI, python=True),
   Op("softmin", lambda x, axis: x.softmin(axis), lambda x, axis: F.softmin(_f32(x), axis), gen_softmax, FLT),
   Op("log_softmax", lambda x, axis: x.log_softmax(axis), lambda x, axis: F.log_softmax(_f32(x), axis), gen_softmax, FI, python=True),
-  Op("normalize", lambda x, p, dim: x.normalize(p, dim), lambda x, p, dim: F.normalize(x, p, dim), gen_normalize, FLT),
+  Op("normalize", lambda x, p, dim: x.normalize(p, dim), lambda x, p, dim: F.normalize(x, p, dim), gen_normalize, FLT, mag=_normalize_mag,
+     why="the gradient's two terms (1/n and x²/n³) cancel: rtol is relative to 1/n"),
   # ---- binary arithmetic (tensor-tensor with broadcasting, tensor-scalar and the reflected scalar-tensor operators)
   B("add", lambda a, b: a + b, lambda a, b: a + b, ALL, python=True), B("sub", lambda a, b: a - b, lambda a, b: a - b, NUMERIC),
   B("mul", lambda a, b: a * b, lambda a, b: a * b, ALL, python=True), B("div", lambda a, b: a / b, lambda a, b: a / b, NUMERIC, domain_b=None),
