@@ -15,9 +15,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE = ROOT / "core" / "plugrad"
-FLOORS = {"helpers": 0, "diskcache": 0, "dtype": 0, "errors": 0,
+FLOORS = {"helpers": 0, "diskcache": 0, "trace": 0, "dtype": 0, "errors": 0,
           "uop": 1, "codegen": 2, "renderer": 2, "device": 3, "plugin": 3, "backend": 3, "builtin": 3,
-          "engine": 4, "tensor": 5, "gradient": 5, "nn": 6, "testing": 6, "__main__": 7, "__init__": 7}
+          "engine": 4, "tensor": 5, "gradient": 5, "nn": 6, "testing": 6, "export": 6, "replay": 7, "viz": 7, "__main__": 7, "__init__": 7}
 PUBLIC = {"Context", "Device", "Tensor", "TinyJit", "Variable", "dtypes"}  # plugrad.__all__: what a backend may take from `plugrad`
 
 

@@ -2,13 +2,23 @@
 
 Importing plugrad loads no plugin: devices are discovered on first use (e.g. the first Tensor made).
 """
+import functools
 from typing import TYPE_CHECKING
 
+import plugrad.trace as trace
 from plugrad.device.registry import Device
 from plugrad.dtype import dtypes
 from plugrad.helpers import Context
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Variable
+
+# the tools above the core's floors hook into the tracing at its floor: VIZ's server and process replay's recorder
+if trace.VIZ == 1:
+  from plugrad.viz.server import serve
+  trace.serve_trace = serve
+if trace.REPLAY_DB:
+  from plugrad.replay import record_kernel
+  trace.set_replay_recorder(functools.partial(record_kernel, trace.REPLAY_DB))
 
 if TYPE_CHECKING:
   from plugrad.engine.jit import TinyJit

@@ -363,13 +363,15 @@ def save(path: str, t: Trace | None = None) -> str:
   return path
 
 
+# the VIZ server (plugrad.viz, above every floor); `import plugrad` sets it when VIZ=1, and so wires process replay
+serve_trace: Callable[[str, int], None] | None = None
+
+
 def _viz_at_exit() -> None:
   if _trace is None or not _trace.kernels and not _trace.launches: return
   path = save(default_trace_file())
   print(f"VIZ: trace of {len(_trace.kernels)} kernels and {len(_trace.launches)} launches saved to {path}", file=sys.stderr, flush=True)
-  if VIZ == 1:
-    from plugrad.viz.server import serve
-    serve(path, int(VIZ_PORT))
+  if VIZ == 1 and serve_trace is not None: serve_trace(path, int(VIZ_PORT))
   else: print(f"VIZ: open it with: python -m plugrad viz {path}", file=sys.stderr, flush=True)
 
 
@@ -377,8 +379,3 @@ if _pending_error is not None: TRACING = True  # so that the first get_program r
 elif VIZ:
   enable(graphs=True)
   atexit.register(_viz_at_exit)
-if REPLAY_DB:
-  def _record_to_db(rec: KernelRecord) -> None:
-    from plugrad.replay import record_kernel
-    record_kernel(REPLAY_DB, rec)
-  set_replay_recorder(_record_to_db)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from plugrad import trace
+import plugrad.trace as trace
 from plugrad.codegen.decompose import decompose
 from plugrad.codegen.expand import expand
 from plugrad.codegen.linearize import linearize

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from plugrad import diskcache
+import plugrad.diskcache as diskcache
 from plugrad.errors import CompileError, PluginHookError
 from plugrad.helpers import CACHE, DEBUG, cache_dir
 

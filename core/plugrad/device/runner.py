@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugrad import trace
+import plugrad.trace as trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.dtype import dtypes

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from plugrad import trace
+import plugrad.trace as trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner, check_graph_class
 from plugrad.device.registry import Device

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugrad import trace
+import plugrad.trace as trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner

@@ -31,8 +31,9 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-  from plugrad import Device, Tensor
+  from plugrad.device.registry import Device
   from plugrad.export import export_model
+  from plugrad.tensor import Tensor
   script, sep, func = str(args.target_func).rpartition(":")
   if not sep or not script or not func: return _fail(f"expected SCRIPT:FUNC (a Python file and a function in it), got {args.target_func!r}")
   if not os.path.isfile(script): return _fail(f"no such script: {script}")

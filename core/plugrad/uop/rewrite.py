@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from plugrad import trace
+import plugrad.trace as trace
 from plugrad.helpers import REWRITE_STEPS
 from plugrad.uop.ops import UOp
 from plugrad.uop.pattern import PatternMatcher

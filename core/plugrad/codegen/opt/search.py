@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from plugrad import diskcache
+import plugrad.diskcache as diskcache
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
 from plugrad.helpers import DEBUG, getenv
 from plugrad.renderer.base import Renderer
