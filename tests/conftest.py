@@ -1,7 +1,13 @@
 # Every compiler stage is validated in tests; set before plugrad is imported anywhere.
+import importlib.util
 import os
 
 os.environ.setdefault("SPEC", "1")
 os.environ.setdefault("PLUGRAD_STRICT_PLUGINS", "1")
+
+# Triton's libtriton (its own LLVM) segfaults when it is loaded after Mesa's libLLVM, which a WEBGPU test on lavapipe
+# loads; torch imports triton lazily (torch.optim's schedulers reach torch._dynamo), so load it first where installed
+if importlib.util.find_spec("triton") is not None:
+  importlib.import_module("triton")
 
 pytest_plugins = ["pytester", "tests.differential.report"]  # the differential tester's summary (docs/testing.md)

@@ -26,7 +26,8 @@ step install 120 python3 -m pip install --no-deps -e core -e plugins/amd
 step toolchain 30 python3 -c 'from plugrad_amd.toolchain import find; t = find(); print(t.clang, t.version, t.lld, t.objdump)'
 step devices 60 python3 -m plugrad devices AMD
 step byo_assembly 60 python3 plugins/amd/examples/byo_assembly.py
-step amd_tests 300 python3 -m pytest -q -p no:cacheprovider -p no:xdist tests/amd -o addopts=
+# plugrad-amd's own tests, and the repository's around it (this script, the assembly example)
+step amd_tests 300 python3 -m pytest -q -p no:cacheprovider -p no:xdist plugins/amd/tests tests/test_plugin_scripts.py -k "amd or byo or rdna3" -o addopts=
 step conformance 600 python3 -m pytest -q -p no:cacheprovider -p no:xdist --pyargs plugrad.testing --plugrad-device=AMD -o addopts= -rs
 echo "logs in $OUT (summary.txt); $((SECONDS - start)) s; overall exit $status" | tee -a "$OUT/summary.txt"
 exit "$status"

@@ -39,7 +39,8 @@ step devices 30 python3 -m plugrad devices CUDA
 # the figures first (what only a GPU can give), each workload in its own worker with its own cap
 TAIL=40 step bench 270 python3 bench/gpu/cuda_bench.py --cap 60 --budget 240 --json "$OUT/bench.json" ${BENCH_ARGS:-}
 TAIL=2 step triton 60 python3 examples/triton_matmul.py --size 4096
-step cuda_tests 60 python3 -m pytest -q -p no:cacheprovider -p no:xdist tests/cuda -o addopts=
+# plugrad-cuda's own tests, and the repository's around it (this script, the benchmark's dry run, the Triton example)
+step cuda_tests 60 python3 -m pytest -q -p no:cacheprovider -p no:xdist plugins/cuda/tests tests/test_plugin_scripts.py -k "cuda or triton" -o addopts=
 step conformance 170 python3 -m pytest -q -p no:cacheprovider -p no:xdist --pyargs plugrad.testing --plugrad-device=CUDA -o addopts= -x -rs
 echo "logs in $OUT (summary.txt); $((SECONDS - start)) s; overall exit $status" | tee -a "$OUT/summary.txt"
 exit "$status"

@@ -5,17 +5,28 @@
   python -m plugrad viz [--port N] [TRACE]     serve a VIZ trace as a local web page (docs/viz.md)
   python -m plugrad replay record|check ...    process replay: record get_program inputs, regenerate and diff (docs/replay.md)
   python -m plugrad export SCRIPT:FUNC --target c|webgpu --out DIR   a model as standalone C or WebGPU (docs/export.md)
+  python -m plugrad conformance DEVICE [--tiers render,compile,emulate,run] [--report FILE.md] [--json FILE.json] [-- PYTEST_ARGS..]
+                                              the conformance suite on one device (a child pytest, SPEC=1): a Markdown report
+                                              on stdout (pytest's output on stderr), per tier, with skip reasons, declared and
+                                              actual failures; a device unavailable here gets every tier but run, and its run
+                                              tier is reported skipped with the probe's reason (a failure if --tiers names run)
+  python -m plugrad new-backend NAME [--out DIR]   a plugin skeleton DIR/plugrad-<name>/ for device NAME (upper-cased)
 
 A plugin's status is `active`, `conflict: <name> is also claimed by ...` (its other devices work), `failed: <why>` or
 `blocked (<why>)`.
 
-Exit status: 0 when nothing failed; 1 when a plugin failed or conflicts under PLUGRAD_STRICT_PLUGINS=1 (`plugins`) or a device that
-is usable here (or was named) fails its smoke test (`devices`); 2 for bad arguments (an unknown device name).
+Exit status: 0 when nothing failed; 1 when a plugin failed or conflicts under PLUGRAD_STRICT_PLUGINS=1 (`plugins`), a device that
+is usable here (or was named) fails its smoke test (`devices`), or a conformance test fails or a declared failure passes
+(`conformance`); 2 for bad arguments (an unknown device name or tier, a name that cannot be a device, a skeleton directory that
+exists, pytest missing for `conformance`).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import pathlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -126,6 +137,44 @@ def cmd_viz(path: str | None, port: int | None) -> int:
   return 0
 
 
+def cmd_conformance(device: str, tiers: str | None, report_file: str | None, json_file: str | None, extra: Sequence[str]) -> int:
+  for path in (report_file, json_file):
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+      print(f"plugrad conformance: cannot write {path}: no such directory", file=sys.stderr)
+      return 2
+  if importlib.util.find_spec("pytest") is None:
+    print("plugrad conformance: the conformance suite runs under pytest, which is not installed (pip install pytest)", file=sys.stderr)
+    return 2
+  from plugrad.testing.report import ConformanceArgumentError, markdown, run_conformance
+  try: report = run_conformance(device, tiers, extra)
+  except ConformanceArgumentError as e:
+    print(f"plugrad conformance: {e}", file=sys.stderr)
+    return 2
+  text = markdown(report)
+  print(text, end="")
+  if report_file is not None: pathlib.Path(report_file).write_text(text)
+  if json_file is not None: pathlib.Path(json_file).write_text(json.dumps(report, indent=2) + "\n")
+  return int(report["returncode"])
+
+
+def cmd_new_backend(name: str, out: str) -> int:
+  from plugrad.scaffold import ScaffoldError, names, write_skeleton
+  try:
+    device = names(name)["NAME"]
+    if device in Device:  # a second plugin claiming a name makes it unusable for both
+      print(f"plugrad new-backend: {device} is already a device here ({Device.manager.entry(device).plugin.label}): choose another name",
+            file=sys.stderr)
+      return 2
+    root = write_skeleton(name, pathlib.Path(out))
+  except (ScaffoldError, OSError) as e:
+    print(f"plugrad new-backend: {e}", file=sys.stderr)
+    return 2
+  print(f"wrote {root}/ (device {device}):")
+  for f in sorted(p for p in root.rglob("*") if p.is_file()): print(f"  {f.relative_to(root)}")
+  print(f"next: pip install -e {root} && python -m plugrad conformance {device} --tiers render   (then see {root / 'README.md'})")
+  return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m plugrad", description="Inspect plugrad's backend plugins and devices.")
   sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +190,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   add_replay_parser(sub)
   from plugrad.export.cli import add_parser as add_export_parser
   add_export_parser(sub)
+  c = sub.add_parser("conformance", help="run the conformance suite on one device: a Markdown report per tier (pytest args after --)")
+  c.add_argument("device", metavar="DEVICE", help="the device to check (e.g. CPU, CUDA:1)")
+  c.add_argument("--tiers", default=None, help="comma-separated subset of render,compile,emulate,run (default: all; without run where the "
+                                                "device is unavailable here)")
+  c.add_argument("--report", default=None, metavar="FILE.md", help="also write the Markdown report to this file")
+  c.add_argument("--json", default=None, dest="json_file", metavar="FILE.json", help="write the report as JSON to this file")
+  n = sub.add_parser("new-backend", help="write a minimal backend plugin to start from: DIR/plugrad-<name>/")
+  n.add_argument("name", metavar="NAME", help="the device name (a letter, then letters, digits, underscores): vulkan gives VULKAN")
+  n.add_argument("--out", default=".", metavar="DIR", help="where to create plugrad-<name>/ (default: the current directory)")
+  argv, extra = list(sys.argv[1:] if argv is None else argv), []
+  if argv[:1] == ["conformance"] and "--" in argv:  # the rest goes to the child pytest untouched (argparse would read its options)
+    argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
   args = parser.parse_args(argv)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", PluginWarning)  # failures are part of the report
@@ -153,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from plugrad.export.cli import run_cli as run_export
         return run_export(args)
       if args.command == "plugins": return cmd_plugins(args.json)
+      if args.command == "conformance": return cmd_conformance(args.device, args.tiers, args.report, args.json_file, extra)
+      if args.command == "new-backend": return cmd_new_backend(args.name, args.out)
       return cmd_devices(args.json, args.names)
     except DeviceError as e:  # PLUGRAD_STRICT_PLUGINS=1 turned a plugin failure into a fatal one
       print(f"plugrad: {type(e).__name__}: {e}", file=sys.stderr)

@@ -41,21 +41,21 @@ def parse_setting(key: str, raw: str | None, default: Any, choices: Sequence[Any
 
 
 class ContextVar:
-  """An integer (or string) flag read once from the environment and overridable with `Context(...)`. A bad value in
-  the environment raises SettingsError when the flag is first read (its `value` slot stays empty until then, so
-  reading a good flag costs no more than an attribute)."""
+  """An integer (or string) flag read from the environment at its first use, overridable with `Context(...)`. Read
+  lazily so that a program or a test's conftest may set it after `import plugrad` (pytest imports plugrad for its
+  conformance plugin before any conftest runs); a bad value raises SettingsError at each read. Once read, the `value`
+  slot holds it, so reading a flag costs no more than an attribute."""
   _registry: dict[str, ContextVar] = {}
-  __slots__ = ("key", "value", "error")
+  __slots__ = ("key", "value", "default", "choices", "minimum")
 
   def __init__(self, key: str, default: Any, choices: Sequence[Any] | None = None, minimum: float | None = None):
-    self.key, self.error = key, None
-    try: self.value = parse_setting(key, os.environ.get(key), default, choices, minimum)
-    except SettingsError as e: self.error = e
+    self.key, self.default, self.choices, self.minimum = key, default, choices, minimum
     ContextVar._registry[key] = self
 
-  def __getattr__(self, name: str) -> Any:  # only reached while `value` is unset: the environment's value was bad
-    if name == "value" and self.error is not None: raise SettingsError(str(self.error))
-    raise AttributeError(name)
+  def __getattr__(self, name: str) -> Any:  # only reached while `value` is unset: the first read
+    if name != "value": raise AttributeError(name)
+    self.value = parse_setting(self.key, os.environ.get(self.key), self.default, self.choices, self.minimum)
+    return self.value
 
   def __bool__(self) -> bool: return bool(self.value)
   def __ge__(self, x: Any) -> bool: return self.value >= x
@@ -64,7 +64,9 @@ class ContextVar:
   def __lt__(self, x: Any) -> bool: return self.value < x
   def __eq__(self, x: object) -> bool: return self.value == x
   def __hash__(self) -> int: return hash(self.key)
-  def __repr__(self) -> str: return f"ContextVar({self.key}={'<invalid>' if self.error is not None else repr(self.value)})"
+  def __repr__(self) -> str:
+    try: return f"ContextVar({self.key}={self.value!r})"
+    except SettingsError: return f"ContextVar({self.key}=<invalid>)"
 
 
 class Context(contextlib.ContextDecorator):

@@ -17,7 +17,7 @@ for lang in 3.0 3.1; do
   run "conformance-$lang" env METAL_LANGUAGE=$lang PLUGRAD_STRICT_PLUGINS=1 python3 -m pytest -q --pyargs plugrad.testing --plugrad-device=METAL -o addopts=
 done
 run jit env PLUGRAD_STRICT_PLUGINS=1 DEBUG=1 python3 -m pytest -q --pyargs plugrad.testing.test_jit --plugrad-device=METAL -o addopts=
-run unit python3 -m pytest -q tests/metal
+run unit python3 -m pytest -q plugins/metal/tests
 run timing env DEV=METAL DEBUG=2 python3 -c "from plugrad import Tensor; import numpy as np; print((Tensor(np.ones((256, 256), np.float32)) @ Tensor(np.ones((256, 256), np.float32))).numpy()[0, :4])"
 echo "mac_check.sh: $([ $status = 0 ] && echo all passed || echo some steps FAILED), logs in $OUT"
 exit $status

@@ -9,9 +9,10 @@ from plugrad import Tensor
 from plugrad.codegen.decompose import decompose
 from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.renderer.base import Renderer
-from plugrad.testing.kernels import _np_threefry
+from plugrad.testing.kernels import _np_threefry, op_kernel
+from plugrad.testing.kernels import linear_program as program
+from plugrad.testing.kernels import run_linear as run
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
-from tests.cpu.helpers import op_kernel, program, run
 
 I32, U32, F32 = dtypes.int32, dtypes.uint32, dtypes.float32
 

@@ -17,6 +17,7 @@ from plugrad.dtype import dtypes
 from plugrad.engine.schedule import create_schedule
 from plugrad.helpers import Context
 from plugrad.tensor.tensor import Tensor
+from plugrad.testing.kernels import matmul_ast
 from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp, Variable
 
 F32 = dtypes.float32
@@ -253,23 +254,12 @@ def test_pack_refuses_a_copy_over_the_size_limit():
 
 # ---- tensor cores, lowered for each emulated device and run by the interpreter
 
-def tc_matmul_ast(m: int, n: int, kk: int, din, dout) -> UOp:
-  out, a, b = (UOp(Ops.DEFINE_GLOBAL, dout.ptr(m * n), (), 0), UOp(Ops.DEFINE_GLOBAL, din.ptr(m * kk), (), 1),
-               UOp(Ops.DEFINE_GLOBAL, din.ptr(kk * n), (), 2))
-  i, j, r = UOp.range(m, 0), UOp.range(n, 1), UOp.range(kk, 2, AxisType.REDUCE)
-  la, lb = a.index(i * kk + r).load(), b.index(r * n + j).load()
-  prod = la.cast(dout) * lb.cast(dout) if din is not dout else la * lb
-  red = UOp(Ops.REDUCE, dout, (prod, r), Ops.ADD)
-  st = out.index(i * n + j).store(red)
-  return UOp(Ops.END, dtypes.void, (st, i, j)).sink(arg=KernelInfo("tc_mm"))
-
-
 @pytest.mark.parametrize("target", ["CUDA", "METAL", "AMD"])
 def test_tensor_cores_emulated(target):
   renderer = PythonRenderer("PYTHON", emulate=target)
   for tc in renderer.tensor_cores:
     m, n, kk = 2 * tc.m, tc.n, 2 * tc.k
-    ast = tc_matmul_ast(m, n, kk, tc.dtype_in, tc.dtype_out)
+    ast = matmul_ast(m, n, kk, tc.dtype_in, tc.dtype_out)
     sel = [t for t in renderer.tensor_cores if t.dtype_in is tc.dtype_in and t.dtype_out is tc.dtype_out].index(tc)
     prg = get_program(ast, renderer, opts=[Opt(OptOps.TC, sel)])
     assert any(u.op is Ops.WMMA for u in prg.uops)
@@ -309,7 +299,7 @@ def test_workgroup_heuristics_shape_gpu_kernels():
 def test_workgroup_heuristics_use_tensor_cores(target):
   renderer = PythonRenderer("PYTHON", emulate=target)
   tc = renderer.tensor_cores[0]
-  prg = get_program(tc_matmul_ast(2 * tc.m, 2 * tc.n, 2 * tc.k, tc.dtype_in, tc.dtype_out), renderer)
+  prg = get_program(matmul_ast(2 * tc.m, 2 * tc.n, 2 * tc.k, tc.dtype_in, tc.dtype_out), renderer)
   assert prg.applied_opts[0].op is OptOps.TC and any(u.op is Ops.WMMA for u in prg.uops)
   # the estimate counts the instruction's multiply-adds once, not once per thread of the warp
   assert prg.estimates.ops >= 2 * (2 * tc.m) * (2 * tc.n) * (2 * tc.k) and prg.estimates.ops < 4 * (2 * tc.m) * (2 * tc.n) * (2 * tc.k)
@@ -318,11 +308,11 @@ def test_workgroup_heuristics_use_tensor_cores(target):
 def test_tc_refuses_what_it_cannot_do():
   renderer = PythonRenderer("PYTHON", emulate="CUDA")
   with pytest.raises(KernelOptError, match="not a multiple"):
-    Scheduler(tc_matmul_ast(20, 8, 16, dtypes.float16, F32), renderer).apply_opt(Opt(OptOps.TC, 0))
+    Scheduler(matmul_ast(20, 8, 16, dtypes.float16, F32), renderer).apply_opt(Opt(OptOps.TC, 0))
   with pytest.raises(KernelOptError, match="no tensor core"):
-    Scheduler(tc_matmul_ast(16, 8, 16, F32, F32), renderer).apply_opt(Opt(OptOps.TC, 0))
+    Scheduler(matmul_ast(16, 8, 16, F32, F32), renderer).apply_opt(Opt(OptOps.TC, 0))
   with pytest.raises(KernelOptError, match="first action"):
-    Scheduler(tc_matmul_ast(16, 8, 16, dtypes.float16, F32), renderer).apply_opts([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.TC, 0)])
+    Scheduler(matmul_ast(16, 8, 16, dtypes.float16, F32), renderer).apply_opts([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.TC, 0)])
 
 
 # ---- BEAM search (small: every candidate compiles with the real C compiler)

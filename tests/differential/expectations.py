@@ -360,9 +360,6 @@ KNOWN_BUGS: list[KnownBug] = [
            "(p - y)/max(p(1-p), 1e-12), finite (0 where the target equals p). float32 p=[0, 1, 0.5], y=[0, 1, 0.5]",
            Case("binary_crossentropy", "float32", [T([0.0, 1.0, 0.5], "float32"), T([0.0, 1.0, 0.5], "float32", False)], {"reduction": "mean"}),
            when=lambda c: _any(c, lambda v: v * (1 - v) < 1e-12, 0)),
-  KnownBug("clone_grad_after_realize", "clone", "grad", "x.clone() realized (.numpy(), .realize()) before gradient()/backward() raises "
-           "GradientError 'target(s) [0] are not part of this tensor's graph'; every other op keeps its graph when realized (docs/tensor.md "
-           "Autograd) and PyTorch's clone is differentiable", Case("clone", "float32", [T([1.0, 2.0], "float32")])),
   KnownBug("layernorm_half_grad_constant_row", "layernorm", "grad", "layernorm float16 backward is nan for a row of (nearly) equal values: "
            "the derivative of rsqrt(var + eps), -½·(var+eps)^-1.5 ≈ -1.6e7 at eps=1e-5, overflows float16 before it is multiplied by 0; "
            "PyTorch computes in float32. float16 [[0, 0, 0, 0]], eps=1e-5",
@@ -465,12 +462,6 @@ KNOWN_BUGS: list[KnownBug] = [
            "PyTorch gives it to hi (clamp is min(max(x, lo), hi): the outer bound wins). x=[-2.6], lo=[0], hi=[0]",
            Case("clip", "float32", [T([-2.6, 1.0], "float32"), T([0.0, 0.0], "float32"), T([0.0, 0.0], "float32")]),
            when=lambda c: isinstance(c.args[1], Arg) and bool(np.any(c.args[1].value == c.args[2].value))),
-  *[KnownBug(f"{op}_float16_realized_outputs_grad", op, "grad", f"{op} of float16 (seen with axis=0, keepdim=True and axis=None, "
-             "keepdim=True): once both outputs are realized (.numpy()), gradient() of a loss using both drops one path, silently. The root "
-             "is in autograd's reuse of realized results: y = x.exp(); z = y * 2; y.numpy(); z.numpy(); (y.sum() + z.sum()).gradient(x) "
-             "is e^x, want 3·e^x (float32 too; lazily it is right)",
-             Case(op, "float16", [T([[0.25, 2.8, -1.6], [-1.5, 1.0, 0.001]], "float16")], {"axis": 0, "keepdim": True, "correction": 1}),
-             when=lambda c: c.dtype == "float16") for op in ("var_mean", "std_mean")],
   *[KnownBug(f"{op}_grad_zero_variance", op, "grad", f"{op}: the gradient where the standard deviation is 0 (a constant row) is nan "
              "(sqrt'(0) = inf times 0), PyTorch gives 0; where the variance is subnormal it loses precision (float32 values of 5.7e-22: "
              "0.2878, PyTorch 0.2887) or is nan (bfloat16, float16). float32 [[0, 0], [1, 2]] along axis 1",

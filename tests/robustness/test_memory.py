@@ -225,14 +225,43 @@ print("AFTER", (Tensor.arange(8, device="CPU").float() * 2).sum().item(), round(
 """
 
 
-def _interrupt(seconds: float, split: bool, tmp_path: Path) -> tuple[float, list[str]]:
-  (tmp_path / "child.py").write_text(CHILD)
+# the same inside a TinyJit replay: the launches of call 3 are one CPU graph batch (one native call)
+JIT_CHILD = """
+import sys, time
+from plugrad import Tensor, TinyJit
+from plugrad_cpu import graph
+
+x = Tensor.ones(1, device="CPU").realize()
+n = 1 << 30
+while True:  # the batch's time grows faster than n (a serial add chain past the cache): double n until it is long enough
+  n *= 2
+  step = TinyJit(lambda x: (x.expand(n).sum(), x + 1))  # two kernels: a batch
+  for _ in range(2): step(x)[0].item()
+  st = time.perf_counter()
+  step(x)[0].item()
+  if time.perf_counter() - st >= float(sys.argv[1]): break
+real = graph.CPUGraph.__call__
+def announce(self, *a, **k):
+  if self.long: print("LAUNCH", self, flush=True)
+  return real(self, *a, **k)
+graph.CPUGraph.__call__ = announce
+try:
+  print("RESULT", step(x)[0].item(), flush=True)
+except KeyboardInterrupt:
+  print("INTERRUPTED", time.monotonic(), flush=True)
+st = time.monotonic()
+print("AFTER", (Tensor.arange(8, device="CPU").float() * 2).sum().item(), round(time.monotonic() - st, 2), flush=True)
+"""
+
+
+def _interrupt(seconds: float, split: bool, tmp_path: Path, child: str = CHILD, setup: float = 120) -> tuple[float, list[str]]:
+  (tmp_path / "child.py").write_text(child)
   env = {**os.environ, "DEV": "CPU", "SPLIT_REDUCE": "1" if split else "0"}
   p = subprocess.Popen([sys.executable, str(tmp_path / "child.py"), str(seconds)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
   lines: list[str] = []
   try:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + setup
     assert p.stdout is not None
     while not any(ln.startswith("LAUNCH") for ln in lines):
       assert time.monotonic() < deadline and p.poll() is None, f"no long launch seen: {lines} {p.stderr.read() if p.stderr else ''}"
@@ -262,3 +291,12 @@ def test_ctrl_c_interrupts_a_huge_reduction_within_a_second(tmp_path: Path, spli
   assert latency < 1.5, f"KeyboardInterrupt came {latency:.2f} s after SIGINT"
   after = next(ln for ln in lines if ln.startswith("AFTER")).split()
   assert after[1] == "56.0"  # the device works afterwards (after the abandoned launch, if any, has finished)
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["parallel-partial-sums", "one-serial-loop"])
+def test_ctrl_c_interrupts_a_jit_graph_batch_within_a_second(tmp_path: Path, split: bool):
+  # a replay of at least 3 s, one CPU graph batch (one native call), interrupted 0.5 s in; afterwards the device works
+  latency, lines = _interrupt(3.0, split, tmp_path, JIT_CHILD, setup=240)
+  assert any(ln.startswith("INTERRUPTED") for ln in lines), f"the batch was not interrupted: {lines}"
+  assert latency < 1.5, f"KeyboardInterrupt came {latency:.2f} s after SIGINT"
+  assert next(ln for ln in lines if ln.startswith("AFTER")).split()[1] == "56.0"

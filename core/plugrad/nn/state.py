@@ -80,7 +80,9 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
   if staged: Tensor.realize(*(sources[i] for i in staged))
   before: dict[int, UOp] = {id(t): t.uop for t in targets}
   try:
-    for (t, _, _), s in zip(pairs, sources): t.assign(s)
+    # a copy, not a graph: an assign is differentiable (as PyTorch's copy_), and loading another model's trained tensors must
+    # not make this model's backward reach them (PyTorch loads under no_grad)
+    for (t, _, _), s in zip(pairs, sources): t.assign(s if s is t else s.detach())
     Tensor.realize(*targets)
   except BaseException:
     for t in targets: t.uop = before[id(t)]  # assign is lazy until the realize: restoring the graphs undoes it

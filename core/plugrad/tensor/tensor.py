@@ -52,24 +52,67 @@ def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
   if not mapping: return
   for result, graph in list(_origins.items()):  # recorded graphs see this realize too (a leaf in them may just have been realized)
     if any(k in graph.toposort for k in mapping): _origins[result] = graph.substitute(mapping)
-  if leaves := {t.uop for t in _live_tensors() if t.requires_grad}:
+  # a result is differentiable when its graph reaches, other than through DETACH, a tensor with requires_grad or an
+  # earlier realized result that has an origin (so a chain of realizes keeps its whole graph)
+  if roots := {t.uop for t in _live_tensors() if t.requires_grad} | set(_origins.keys()):
+    dep = _reaching(list(mapping), roots)
     for node, result in mapping.items():
-      topo = node.toposort
-      if node.op is not Ops.ASSIGN and result not in topo and any(leaf in topo and leaf is not node for leaf in leaves):
-        _origins[result] = node.substitute({k: v for k, v in mapping.items() if k is not node})
+      # an ASSIGN's result holds its value (a clone is one); writing a buffer in place makes its old origin stale
+      if node.op is Ops.ASSIGN: _origins.pop(result, None)
+      value = node.src[1] if node.op is Ops.ASSIGN else node
+      # a tensor's own requires_grad gives it no origin, and a write whose value reads the old contents has none left to
+      # differentiate (an optimizer's update of its weights and state)
+      srcs = (value,) if value is not node else () if node.op is Ops.DETACH else node.src
+      if any(s in dep for s in srcs) and _base(result) not in value.toposort:
+        _origins[result] = value.substitute({k: v for k, v in mapping.items() if k is not node})
   for t in _live_tensors():
     topo = t.uop.toposort
     if any(k in topo for k in mapping): t.uop = t.uop.substitute(mapping)
 
 
-def _differentiable(root: UOp) -> tuple[UOp, dict[UOp, UOp]]:
-  """`root` with realized results replaced by the graphs they came from, and for each such result its node in the new
-  graph (a target that was realized is found there; gradients are pointed back at the buffers, not recomputed)."""
-  nodes: dict[UOp, UOp] = {}
-  while expand := {u: _origins[u] for u in root.toposort if u in _origins}:
-    root = root.substitute(expand)
-    nodes = {r: n.substitute(expand) for r, n in nodes.items()} | expand
-  return root, nodes
+def _reaching(nodes: list[UOp], roots: set[UOp]) -> set[UOp]:
+  """The nodes of `nodes`' graphs from which a path not through DETACH leads to one of `roots`."""
+  dep: set[UOp] = set()
+  seen: set[UOp] = set()
+  for n in nodes:
+    for u in n.toposort:
+      if u in seen: continue
+      seen.add(u)
+      if u in roots or (u.op is not Ops.DETACH and any(s in dep for s in u.src)): dep.add(u)
+  return dep
+
+
+def _differentiable(root: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, UOp]]:
+  """`root` with each realized result that has an origin replaced by a mark over that origin (expanded the same way).
+  Returns the new graph, the marks (a target is found in the graph once substituted the same way; a mark keeps two
+  results with equal origins apart, as their lazy nodes were), and the map pointing gradients back at the realized buffers."""
+  if not (origins := dict(_origins.items())): return root, {}, {}
+  memo: dict[UOp, list[UOp]] = {}
+  def reads(g: UOp) -> list[UOp]:  # the realized results g depends on, other than through DETACH
+    if (out := memo.get(g)) is not None: return out
+    out, seen, todo = [], {g}, [g]
+    while todo:
+      u = todo.pop()
+      if u in origins: out.append(u)
+      if u.op is Ops.DETACH: continue
+      for s in u.src:
+        if s not in seen: seen.add(s); todo.append(s)
+    memo[g] = out
+    return out
+  marks: dict[UOp, UOp] = {}
+  entered: set[UOp] = set()
+  stack: list[tuple[UOp, bool]] = [(r, False) for r in reads(root)]
+  while stack:  # depth first, a result after the results its origin reads
+    r, ready = stack.pop()
+    if ready:
+      # a result entered but not marked yet is one whose origin reads it: it was overwritten since, so it stays a constant
+      graph = origins[r].substitute({d: marks[d] for d in reads(origins[r]) if d in marks})
+      marks[r] = UOp(Ops.CONTIGUOUS, r.dtype, (graph,), r)  # the result as the arg: a mark of its own, with CONTIGUOUS's rule
+    elif r not in entered:
+      entered.add(r)
+      stack += [(r, True)] + [(d, False) for d in reads(origins[r]) if d not in entered]
+  back = {m.src[0]: r for r, m in marks.items()} | {m: r for r, m in marks.items()}
+  return root.substitute(marks), marks, back
 
 
 class Tensor(NNMixin, IndexingMixin, ScanMixin):
@@ -258,27 +301,27 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     seed = self._seed(gradient, "gradient")
     for t in targets:
       if not t.is_floating_point(): raise TypeError(f"gradient: only float tensors have gradients, got a target of dtype {t.dtype}")
-    root, nodes = _differentiable(self.uop)
-    want = [nodes.get(t.uop, t.uop) for t in targets]
+    root, marks, back = _differentiable(self.uop)
+    want = [t.uop.substitute(marks) for t in targets]
     grads = compute_gradient(root, seed.uop, want)
     if missing := [i for i, u in enumerate(want) if u not in grads]:
       raise GradientError(f"gradient: target(s) {missing} are not part of this tensor's graph (or only through detach)")
-    back = {n: r for r, n in nodes.items()}
     return [Tensor._wrap(grads[u].substitute(back)) for u in want]
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every live tensor `t` with requires_grad=True that self depends on."""
     from plugrad.gradient import GradientError, compute_gradient
     seed = self._seed(gradient, "backward")
-    root, nodes = _differentiable(self.uop)
+    root, marks, back = _differentiable(self.uop)
     topo = root.toposort
-    if not (targets := [(t, u) for t in _live_tensors() if t.requires_grad and (u := nodes.get(t.uop, t.uop)) in topo]):
+    if not (targets := [(t, u) for t in _live_tensors() if t.requires_grad and (u := t.uop.substitute(marks)) in topo]):
       raise GradientError("backward(): no tensor with requires_grad=True is part of this tensor's graph")
     grads = compute_gradient(root, seed.uop, dedup(u for _, u in targets))
-    back = {n: r for r, n in nodes.items()}
     for t, u in targets:
       if (g := grads.get(u)) is None: continue
-      g = g.substitute(back)
+      # .grad holds values, not a graph (PyTorch's backward without create_graph): realized, it keeps no origin, so a
+      # step's activations are not held until the next zero_grad
+      g = UOp(Ops.DETACH, g.dtype, (g.substitute(back),))
       t.grad = Tensor._wrap(g) if t.grad is None else t.grad + Tensor._wrap(g)
     return self
 

@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 
 from plugrad.codegen.decompose import decompose_linear
+from plugrad.device.buffer import Buffer
+from plugrad.device.registry import Device
+from plugrad.device.runner import ProgramRunner
 from plugrad.dtype import INVERSE_NAMES, AddrSpace, DType, dtypes
 from plugrad.renderer.base import Renderer
 from plugrad.renderer.tensor_cores import TensorCore
@@ -449,3 +452,52 @@ def suite() -> dict[str, Callable[[Renderer], SuiteKernel]]:
 def device_kernels(renderer: Renderer) -> dict[str, Callable[[Renderer], SuiteKernel]]:
   """The tensor-core kernels a renderer declares."""
   return {f"wmma-{tc.name}": tensor_core(tc) for tc in renderer.tensor_cores}
+
+
+# ---- helpers for a backend's own tests (hand-built kernels beyond the suite)
+
+def matmul_ast(m: int, n: int, k: int, dtype_in: DType, dtype_out: DType, name: str = "tc_mm") -> UOp:
+  """The kernel AST of out (m×n, `dtype_out`) = a (m×k) @ b (k×n), both `dtype_in`, products accumulated in `dtype_out`:
+  the shape the optimizer's TC action maps onto a tensor core of that dtype pair (`get_program(ast, renderer,
+  opts=[Opt(OptOps.TC, 0)])`), so a backend's tests can check what its tensor cores render and compile to."""
+  out, a, b = (UOp(Ops.DEFINE_GLOBAL, dtype_out.ptr(m * n), (), 0), UOp(Ops.DEFINE_GLOBAL, dtype_in.ptr(m * k), (), 1),
+               UOp(Ops.DEFINE_GLOBAL, dtype_in.ptr(k * n), (), 2))
+  i, j, r = UOp.range(m, 0), UOp.range(n, 1), UOp.range(k, 2, AxisType.REDUCE)
+  la, lb = a.index(i * k + r).load(), b.index(r * n + j).load()
+  prod = la.cast(dtype_out) * lb.cast(dtype_out) if dtype_in is not dtype_out else la * lb
+  red = UOp(Ops.REDUCE, dtype_out, (prod, r), Ops.ADD)
+  st = out.index(i * n + j).store(red)
+  return UOp(Ops.END, dtypes.void, (st, i, j)).sink(arg=KernelInfo(name))
+
+
+def op_kernel(op: Ops, src: tuple[DType, ...], out: DType, n: int) -> list[UOp]:
+  """The LINEAR uops of out[i] = op(a[i], b[i], ...) for ALU ops; for CAST and BITCAST, out[i] = op(a[i])."""
+  k = LinearBuilder()
+  o = k.glob(0, out, n)
+  ins = [k.glob(j + 1, dt, n) for j, dt in enumerate(src)]
+  i = k.range(n, 0)
+  vals = [k.load(b, i) for b in ins]
+  k.store(o, i, k.emit(UOp(op, out, tuple(vals))))
+  k.end(i)
+  return k.linear
+
+
+def linear_program(name: str, uops: list[UOp], device: str) -> ProgramUOp:
+  """Hand-built LINEAR `uops` as `device`'s codegen would hand them over: with the shared decompositions its renderer asks for."""
+  return make_program(UOp(Ops.SINK, dtypes.void, (), KernelInfo(name)), device).with_linear(decompose_linear(uops, Device[device].renderer))
+
+
+def run_linear(p: ProgramUOp, dtypes_: list[DType], inputs: list[np.ndarray], renderer: Renderer | None = None,
+               var_vals: dict[str, int] | None = None, out_size: int | None = None) -> list[bytes]:
+  """Run `p` on its device (rendered by `renderer` when given): slot 0 is a zeroed output of `out_size` elements (default:
+  the size of the first input), `inputs` fill slots 1, 2, ... (bfloat16 given as float32, its low half dropped).
+  Returns the bytes of every buffer afterwards."""
+  def host(x: np.ndarray, dt: DType) -> np.ndarray:
+    if dt is dtypes.bfloat16: return (np.asarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return np.ascontiguousarray(x, dtypes.to_numpy(dt))
+  if renderer is not None: p = p.with_source(renderer.render(p))
+  n = out_size if out_size is not None else len(inputs[0])
+  bufs = [Buffer(p.device, n, dtypes_[0]).copyin(np.zeros(n * dtypes_[0].itemsize, np.uint8).data)]
+  bufs += [Buffer(p.device, len(x), dt).copyin(host(x, dt).data.cast("B")) for x, dt in zip(inputs, dtypes_[1:])]
+  ProgramRunner(p)(bufs, var_vals or {}, wait=True)
+  return [bytes(b.as_buffer()) for b in bufs]

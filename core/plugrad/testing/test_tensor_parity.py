@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -134,12 +135,13 @@ SHAPE_ERRORS: list[tuple[str, Callable[[Any], Any]]] = [
 ]
 
 
-def _pg_module() -> Any:
-  """A stand-in for the torch module's spellings that the SHAPE_ERRORS cases use."""
+def _pg_module(device: str) -> Any:
+  """A stand-in for the torch module's spellings that the SHAPE_ERRORS cases use, making tensors on `device`."""
   from plugrad.dtype import dtypes
   class M:
-    int64 = dtypes.int64
-    ones, zeros, einsum = staticmethod(Tensor.ones), staticmethod(Tensor.zeros), staticmethod(Tensor.einsum)
+    int64 = dtypes.int32  # torch's index dtype; any integer indexes here, and int32 exists on every device (WGSL lacks int64)
+    ones, zeros = staticmethod(functools.partial(Tensor.ones, device=device)), staticmethod(functools.partial(Tensor.zeros, device=device))
+    einsum = staticmethod(Tensor.einsum)
   return M
 
 
@@ -147,7 +149,7 @@ def _pg_module() -> Any:
 def test_shape_errors_are_runtime_errors(run_device, name, fn):
   torch = _torch()
   with pytest.raises(RuntimeError): fn(torch)
-  with pytest.raises(ShapeError) as e: fn(_pg_module())
+  with pytest.raises(ShapeError) as e: fn(_pg_module(run_device))
   assert isinstance(e.value, RuntimeError) and isinstance(e.value, ValueError)  # both styles of except catch it
 
 
@@ -166,7 +168,7 @@ def test_conv_and_cross_entropy_shape_errors(run_device):
                          ids=["row", "col", "too_many", "sum_dim", "transpose_dim", "permute_dim"])
 def test_index_errors(run_device, fn):
   with pytest.raises(IndexError): fn(_torch())
-  with pytest.raises(IndexError): fn(_pg_module())
+  with pytest.raises(IndexError): fn(_pg_module(run_device))
 
 
 # ---------------------------------------------------------------- extreme inputs: values and finite gradients

@@ -3,7 +3,7 @@ out-of-memory retry: `hipErrorOutOfMemory` frees the cache and tries again); hos
 buffers with `hipMemcpyAsync` on the device's stream.
 
 UNVERIFIED (no AMD GPU on this project's machines): written against HIP's documented API, never run against HIP;
-tests/amd drives it through a stand-in library that records the calls (tests/amd/fake_hip.py).
+plugins/amd/tests drives it through a stand-in library that records the calls (amd_fake_hip.py there).
 
 A copy in goes host → pinned staging (a memcpy) → device: the staging buffer, not the caller's memory, is what the
 DMA reads, so `_copyin` may return before the copy is done. A staging buffer is reused once its event has completed.

@@ -11,11 +11,11 @@ Each node carries its arguments as a packed kernarg buffer (`extra` = HIP_LAUNCH
 `Kernargs` the direct launch uses), one per node, kept alive by the runner and updated in place.
 
 The graph-building logic is pure Python (the core's `GraphPlan`, `GraphLaunch`, `graph_topology`, `node_params`), separate from the HIP
-calls (`HIPGraph`), so it is tested without a driver (tests/amd). Edges: the GraphRunner base's `deps` (read after
+calls (`HIPGraph`), so it is tested without a driver (plugins/amd/tests). Edges: the GraphRunner base's `deps` (read after
 write, write after read, write after write).
 
-UNVERIFIED (no AMD GPU on this project's machines): the HIP half has never run against HIP; tests/amd drives it
-through a stand-in library that records the nodes, dependencies and patches (tests/amd/fake_hip.py).
+UNVERIFIED (no AMD GPU on this project's machines): the HIP half has never run against HIP; plugins/amd/tests drives
+it through a stand-in library that records the nodes, dependencies and patches (amd_fake_hip.py there).
 """
 from __future__ import annotations
 

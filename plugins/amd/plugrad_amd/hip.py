@@ -3,7 +3,7 @@
 Only what plugrad uses is declared; every call goes through `check`, which raises `HIPError` with `hipGetErrorName`
 / `hipGetErrorString` and the call that failed. UNVERIFIED: no AMD GPU and no ROCm exist on this project's machines,
 so everything past the probe's "not found" branch is written against HIP's documented API (hip_runtime_api.h,
-ROCm 6) and has never run against the real library. The probe and the calls are tested with a stand-in (tests/amd).
+ROCm 6) and has never run against the real library. The probe and the calls are tested with a stand-in (plugins/amd/tests).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ clang lowers float32 `exp2`, `log2`, `sqrt`, `fma`, `trunc` and float64 `sqrt`, 
 instructions itself (`__builtin_*`), but float64 `exp2`/`log2`/`sin` and `pow` of any width have no lowering: they
 become calls to functions that, with `-nogpulib`, do not exist. The helpers below are those, in plain C on clang
 builtins that exist for the host too (`__builtin_ldexp`, `__builtin_frexp`, `__builtin_rint`, `__builtin_fma`), so
-tests/amd compiles the very same text for the CPU and checks it against numpy (`host_library`).
+plugins/amd/tests compiles the very same text for the CPU and checks it against numpy (`host_library`).
 
 * `pg_exp2_f64`: 2^n · e^(f·ln2) with n = rint(x), |f| <= 1/2; e^r by its Taylor series to r^13 (remainder < 1e-19).
 * `pg_log2_f64`: x = m·2^e with m in [sqrt(1/2), sqrt(2)); log(m) = 2·atanh(s), s = (m-1)/(m+1), |s| <= 0.172, by

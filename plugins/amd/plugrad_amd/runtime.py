@@ -12,7 +12,7 @@ a clear LaunchError instead of reading garbage.
 
 UNVERIFIED (no AMD GPU on this project's machines): `load` and launches have never run against HIP. The argument
 packing and the code-object checks are tested against real code objects from clang, and the calls against a stand-in
-library that records them (tests/amd/fake_hip.py).
+library that records them (plugins/amd/tests/amd_fake_hip.py).
 """
 from __future__ import annotations
 

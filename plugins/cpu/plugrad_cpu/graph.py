@@ -6,6 +6,11 @@ change into those tables and makes one foreign call, so the Python cost per kern
 native pool (native_pool.py) runs the other threads' shares, without a GIL hand-off or a Python worker in between.
 Threads: every thread runs the whole batch; a parallel kernel is shared by the first `threads[j]` of them, a serial
 one runs on thread 0, and a spin barrier separates a kernel from the earlier ones it depends on (`GraphRunner.deps`).
+
+Ctrl-C: like a long single launch (runtime.py), a batch of LONG_WORK or more runs on a pool worker while the caller
+waits interruptibly, and its long parallel kernels are cut into chunks of about CHUNK_WORK. The control table's stop
+flag, raised on KeyboardInterrupt, skips the chunks not yet started; every thread still passes every barrier, so none
+waits for a thread that left early. An interrupted batch leaves its outputs partly written.
 """
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ from typing import Any
 
 from plugrad.backend import Buffer, Device, GraphError, GraphKernel, GraphRunner
 from plugrad_cpu import native_pool, tiering
+from plugrad_cpu.allocator import ABANDONED
 from plugrad_cpu.compiler import CPUCompiler
-from plugrad_cpu.runtime import CPUProgram, load_shared
+from plugrad_cpu.runtime import LONG_WORK, POOL, CPUProgram, Launch, load_shared, settle
 from plugrad_cpu.tiering import TIER_AFTER
 from plugrad_cpu.toolchain import toolchain
 
@@ -40,8 +46,10 @@ static void bar_wait(int n, int *sense) {
 
 
 def _source(progs: list[CPUProgram], barriers: list[bool]) -> str:
+  """ctl: the stop flag, then each kernel's thread count, then its chunk count (threads, or more for a long kernel)."""
   lines = [_PRELUDE]
-  body = ["void plugrad_graph(void **fn, void **b, long long *v, const int *nt, int core, int cores) {",
+  body = ["void plugrad_graph(void **fn, void **b, long long *v, const int *ctl, int core, int cores) {",
+          f"  volatile const int *stop = ctl; const int *nt = ctl + 1, *ch = ctl + {1 + len(progs)};",
           "  int sense = __atomic_load_n(&bar_sense, __ATOMIC_ACQUIRE);"]
   bi = vi = 0
   for j, (p, bar) in enumerate(zip(progs, barriers)):
@@ -52,7 +60,8 @@ def _source(progs: list[CPUProgram], barriers: list[bool]) -> str:
       if t == "void*": args.append(f"b[{bi}]"); bi += 1
       else: args.append(f"({t})v[{vi}]"); vi += 1
     if bar: body.append("  if (cores > 1) bar_wait(cores, &sense);")
-    body.append(f"  if (core < nt[{j}]) ((k{j}_t)fn[{j}])({', '.join(args)}, core, nt[{j}]);  /* {p.name} */")
+    call = f"((k{j}_t)fn[{j}])({', '.join(args)}, c, ch[{j}]);  /* {p.name} */"
+    body.append(f"  if (core < nt[{j}]) for (int c = core; c < ch[{j}] && !*stop; c += nt[{j}]) {call}")
   return "\n".join(lines + body + ["}", ""])
 
 
@@ -82,20 +91,44 @@ class CPUGraph(GraphRunner):
     self.fns = (ctypes.c_void_p * len(progs))(*[ctypes.cast(p.fn, ctypes.c_void_p).value for p in self.progs])
     self.buf_table = (ctypes.c_void_p * max(1, sum(nbufs)))(*[b.ensure_allocated().handle.addr for k in self.kernels for b in k.bufs])
     self.val_table = (ctypes.c_longlong * max(1, sum(len(u) for u in self.var_uses)))()
-    self.threads = (ctypes.c_int * len(progs))()
+    self.ctl = (ctypes.c_int * (1 + 2 * len(progs)))()
     starts = [sum(nbufs[:j]) for j in range(len(progs))]
     self.slot_pos: dict[int, list[int]] = {}
     for (j, i), k in self.slot_uses.items(): self.slot_pos.setdefault(k, []).append(starts[j] + i)
     self.val_pos = [(pos, v) for pos, v in enumerate(v for u in self.var_uses for v in u)]
-    self.var_kernels = [j for j, u in enumerate(self.var_uses) if u and progs[j].parallel]
-    for j, p in enumerate(self.progs): self.threads[j] = p.threads_for(()) if not self.var_uses[j] else 1
-    self.args = [ctypes.addressof(a) for a in (self.fns, self.buf_table, self.val_table, self.threads)]
+    self.var_kernels = [j for j, u in enumerate(self.var_uses) if u]
+    self.work = [0] * len(progs)
+    for j in range(len(progs)):
+      if not self.var_uses[j]: self._plan(j, ())
+    self.args = [ctypes.addressof(a) for a in (self.fns, self.buf_table, self.val_table, self.ctl)]
+    self._sized()
     self.replays, self.generation = 0, tiering.generation
 
   def _refresh(self) -> None:
     """Re-read the kernels' function pointers after tier-ups (tiering.py swapped some in)."""
     self.generation = tiering.generation
     for j, p in enumerate(self.progs): self.fns[j] = ctypes.cast(p.fn, ctypes.c_void_p).value
+
+  def _plan(self, j: int, vals: tuple[int, ...]) -> None:
+    """Kernel j's threads and chunks at these variable values."""
+    p, k = self.progs[j], len(self.progs)
+    self.work[j], self.ctl[1 + j] = p.work_at(vals), p.threads_for(vals)
+    self.ctl[1 + k + j] = p.chunks_for(self.work[j], self.ctl[1 + j])
+
+  def _sized(self) -> None:
+    self.cores = max(self.threads)
+    self.long = sum(self.work) >= LONG_WORK
+
+  def _replay(self, _chunk: int = 0, _chunks: int = 1) -> None:
+    if self.cores == 1: self.fn(*self.args, 0, 1)
+    else: native_pool.run(self.fn, self.args, self.cores)
+
+  def _stop(self) -> None: self.ctl[0] = 1
+
+  @property
+  def threads(self) -> list[int]:
+    """Each kernel's thread count at the last replay's variable values."""
+    return self.ctl[1:1 + len(self.progs)]
 
   def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
     for k, positions in self.slot_pos.items():
@@ -104,17 +137,19 @@ class CPUGraph(GraphRunner):
     if self.val_pos:
       vals = [var_vals[n] for n in self.var_names]
       for pos, v in self.val_pos: self.val_table[pos] = vals[v]
-      for j in self.var_kernels: self.threads[j] = self.progs[j].threads_for(self.vals_of(j, vals))
+      for j in self.var_kernels: self._plan(j, self.vals_of(j, vals))
+      self._sized()
     self.replays += 1
     if self.replays == TIER_AFTER:
       for p in self.progs: p.tier_up()
     if self.generation != tiering.generation: self._refresh()
-    n = max(self.threads)
+    if ABANDONED: settle()  # an interrupted batch or launch still runs: wait for it before touching memory again
+    self.ctl[0] = 0
     st = time.perf_counter()
-    if n == 1: self.fn(*self.args, 0, 1)
-    else: native_pool.run(self.fn, self.args, n)
+    if self.long: POOL.run_waiting(Launch(self._replay, [], 1, tuple(slots), on_cancel=self._stop), 1)
+    else: self._replay()
     return time.perf_counter() - st if wait else None
 
   def vals_of(self, j: int, vals: list[int]) -> tuple[int, ...]: return tuple(vals[v] for v in self.var_uses[j])
 
-  def __repr__(self) -> str: return f"<CPUGraph {len(self.progs)} kernels, threads {list(self.threads)}>"
+  def __repr__(self) -> str: return f"<CPUGraph {len(self.progs)} kernels, threads {self.threads}>"

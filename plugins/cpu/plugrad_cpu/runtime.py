@@ -92,7 +92,7 @@ class _Pool:
     if (err := next((v for ok, v in results if not ok), None)) is not None: raise err
     return frozenset(v for _, v in results)
 
-  def run_waiting(self, launch: _Launch, n: int) -> frozenset[int]:
+  def run_waiting(self, launch: Launch, n: int) -> frozenset[int]:
     """Run `launch` on workers 1..n (share k-1 on worker k) while this thread waits, interruptibly (see the module doc)."""
     with self._lock:
       while len(self._queues) < n:
@@ -109,7 +109,7 @@ class _Pool:
         ready.value = 1
       while len(got) < n: got.append(launch.results.get())  # a lock wait: a signal's handler runs, and KeyboardInterrupt comes out
     except BaseException:  # KeyboardInterrupt, or whatever a signal handler raised
-      launch.cancelled = True  # the shares stop at their next chunk
+      launch.cancel()  # the shares stop at their next chunk
       ABANDONED.append(launch)  # listed before anything else can be interrupted; `settle` drops it once its shares are done
       launch.finish(GRACE)
       raise
@@ -117,10 +117,12 @@ class _Pool:
     return frozenset(v for _, v in got)
 
 
-class _Launch:
-  """A long launch: `fn` called with core_id 0..chunks-1 of `chunks`, each chunk taken by the next free worker."""
-  def __init__(self, fn: Callable[..., Any], args: list[int], chunks: int, handles: tuple[Any, ...]):
-    self.fn, self.args, self.chunks = fn, args, chunks
+class Launch:
+  """A long launch: `fn` called with core_id 0..chunks-1 of `chunks`, each chunk taken by the next free worker.
+  `on_cancel` tells native code that checks a flag of its own (a graph batch) to stop too."""
+  def __init__(self, fn: Callable[..., Any], args: list[Any], chunks: int, handles: tuple[Any, ...],
+               on_cancel: Callable[[], None] | None = None):
+    self.fn, self.args, self.chunks, self.on_cancel = fn, args, chunks, on_cancel
     self.handles = handles  # the buffers: alive while an abandoned launch may still write them
     self._next = itertools.count()  # next() on it is atomic under the GIL
     self.cancelled = False
@@ -130,6 +132,10 @@ class _Launch:
   def share(self, k: int, n: int) -> None:
     fn, args, chunks = self.fn, self.args, self.chunks
     while not self.cancelled and (i := next(self._next)) < chunks: fn(*args, i, chunks)
+
+  def cancel(self) -> None:
+    self.cancelled = True
+    if self.on_cancel is not None: self.on_cancel()
 
   def finish(self, timeout: float | None) -> bool:
     """Wait until every share handed out has finished (at most `timeout` seconds; None: until then, interruptibly).
@@ -155,7 +161,7 @@ def settle() -> None:
   with _SETTLING:
     while ABANDONED:
       launch = ABANDONED[0]
-      assert isinstance(launch, _Launch)
+      assert isinstance(launch, Launch)
       launch.finish(None)
       ABANDONED.pop(0)
 
@@ -255,6 +261,12 @@ class CPUProgram:
     if not self.parallel or self.runtime.threads == 1: return 1
     return max(1, min(self.runtime.threads, self.work_at(vals) // WORK_PER_THREAD))
 
+  def chunks_for(self, work: int, n: int) -> int:
+    """The pieces a launch of `work` on `n` threads is cut into: n, or for a long parallel one pieces of about
+    CHUNK_WORK (up to MAX_CHUNKS), so that Ctrl-C waits for one piece at most."""
+    if work < LONG_WORK or not self.parallel: return n
+    return max(n, min(MAX_CHUNKS, work // CHUNK_WORK))
+
   def __call__(self, *handles: Any, global_size: Dims = (1, 1, 1), local_size: Dims = (1, 1, 1), vals: tuple[int, ...] = (),
                wait: bool = False) -> float | None:
     if len(handles) != self.nbufs: raise LaunchError(f"kernel {self.name!r} takes {self.nbufs} buffers, got {len(handles)}")
@@ -269,8 +281,7 @@ class CPUProgram:
     if ABANDONED: settle()  # an interrupted launch still runs: wait for it before touching memory again
     st = time.perf_counter()
     if (work := self.work_at(tuple(vals))) >= LONG_WORK:
-      chunks = max(n, min(MAX_CHUNKS, work // CHUNK_WORK)) if self.parallel else 1
-      self.last_threads = POOL.run_waiting(_Launch(self.fn, args, chunks, handles), n)
+      self.last_threads = POOL.run_waiting(Launch(self.fn, args, self.chunks_for(work, n), handles), n)
     elif n == 1:
       self.fn(*args, 0, 1)
       self.last_threads = frozenset({threading.get_native_id()})

@@ -1,0 +1,1 @@
+"""plugrad-opencl: an OpenCL backend for plugrad (device OPENCL), written against the public backend contract only."""
