@@ -54,6 +54,7 @@ class Cell:
   # Python run in the cell before the conformance runs: prints why they cannot run here (a system tool missing), or nothing
   precheck: str | None = None
   crosscheck: bool = False  # the device runs here: its tensor-level tests also compare with PyTorch (plugrad[crosscheck])
+  minutes: int = 2  # about how long the cell takes on 2 cores with a cold cache: the longest start first
 
 
 KERNELS_ONLY = ("-k", "test_kernel")  # emulated targets differ in kernel-level features only: the tensor tests run once
@@ -63,7 +64,7 @@ CELLS = (
     *(Config("PYTHON", f"PYTHON EMULATE={t}", {"EMULATE": t}, KERNELS_ONLY) for t in ("CUDA", "METAL", "AMD", "AMD_MFMA"))), crosscheck=True),
   Cell("cpu", "plugins/cpu", "plugrad-cpu", ("llvm", "test"),
        (Config("CPU", "CPU (C, CPU_LLVM=0)", {"CPU_LLVM": "0"}), Config("CPU", "CPU (LLVM, CPU_LLVM=1)", {"CPU_LLVM": "1"})), "plugins/cpu/tests",
-       crosscheck=True),
+       crosscheck=True, minutes=8),
   Cell("webgpu", "plugins/webgpu", "plugrad-webgpu", ("test",), (Config("WEBGPU", "WEBGPU"),), "plugins/webgpu/tests", crosscheck=True),
   Cell("cuda", "plugins/cuda", "plugrad-cuda", ("test",),
        tuple(Config("CUDA", f"CUDA {a}", {"CUDA_ARCH": a}) for a in ("sm_80", "sm_90")), "plugins/cuda/tests"),
@@ -74,7 +75,7 @@ CELLS = (
        "import sys\nfrom plugrad_metal.syntax import find_clang\n"
        "print('' if sys.platform == 'darwin' or find_clang() else 'its compile tier off macOS needs clang (apt-get install clang-19)')"),
   Cell("opencl", "examples/plugrad-opencl", "plugrad-opencl", ("pocl", "test"), (Config("OPENCL", "OPENCL (PoCL)"),),
-       "examples/plugrad-opencl/tests", crosscheck=True),
+       "examples/plugrad-opencl/tests", crosscheck=True, minutes=15),  # PoCL compiles each kernel with its own LLVM: ~0.5 s
 )
 
 
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
   print(f"matrix: {len(list((out / 'wheels').glob('*.whl')))} wheels built in {time.monotonic() - st:.0f} s", flush=True)
   results: dict[str, dict[str, Any]] = {}
   with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-    futures = {pool.submit(run_cell, c, out / "wheels", out / "cells"): c for c in cells}
+    futures = {pool.submit(run_cell, c, out / "wheels", out / "cells"): c for c in sorted(cells, key=lambda c: -c.minutes)}
     for fut in concurrent.futures.as_completed(futures):
       r = results[futures[fut].name] = fut.result()
       print(f"matrix: cell {r['cell']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s", flush=True)
