@@ -12,7 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from plugrad import Context, Tensor, TinyJit, trace
+from plugrad import Context, Tensor, TinyJit, codegen, trace
 from plugrad.codegen import get_program
 from plugrad.device.registry import Device
 from plugrad.uop.rewrite import graph_rewrite
@@ -30,6 +30,8 @@ def _env(**kw):
 @pytest.fixture
 def tracing():
   assert not trace.TRACING, "a test left tracing on"
+  # a kernel compiled earlier in this worker is a cache hit, which records no codegen stages: start from an empty cache
+  codegen._cache.clear()
   t = trace.enable()
   try: yield t
   finally: trace.disable()
