@@ -234,6 +234,18 @@ def test_heuristics_pack_a_long_reduction_whose_tile_panel_exceeds_the_budget():
   np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_heuristics_pack_a_transposed_operand_per_row_tile_under_a_column_tile_loop():
+  # A^T @ B (a weight gradient, dH^T @ x): A walks memory with a stride along the reduction. Under the column-tile loop
+  # a copy of all of A would not fit, so the copy's scope reaches into the row loop: one row tile's panel, reused by the
+  # column tiles within the tile (GPT's FFN weight gradient 3072x768, K=1024: 44 -> 26 ms)
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device="CPU")
+  ast, var_vals = _ast(T(1024, 512).T @ T(1024, 128))
+  renderer = Device["CPU"].renderer
+  prg = get_program(ast, renderer)
+  assert [o.op for o in prg.applied_opts].count(OptOps.PACK) == 2 and OptOps.TILE in {o.op for o in prg.applied_opts}, prg.applied_opts
+  np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("opts, why", [
   ([Opt(OptOps.PACK, 5)], "packable operand"),
   ([Opt(OptOps.PACK, 0, 2)], "no amount"),

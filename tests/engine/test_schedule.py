@@ -206,6 +206,21 @@ def test_short_long_indivisible_or_wide_reductions_are_not_split(shape, axes):
   np.testing.assert_allclose(r.numpy(), a.sum(axes), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("k,ways,rest", [(8192, 2, 0), (12289, 4, 1)])
+def test_long_reduction_over_reused_operands_is_cut_into_chunks(k, ways, rest):
+  # a matmul with a long K into many outputs: the register tile would stream a K-long operand panel per tile, out of
+  # cache; cut into chunks of about SPLIT_CHUNK (the GPT LM head's input gradient, K=50257: 2.3 -> 0.24 s). 12289 is
+  # prime: chunks of whole vectors (3072) and a rest of one, reduced apart and added in the final kernel
+  a, b = t(32, k), t(k, 32, seed=1)
+  names = _names(a @ b)
+  assert names[0] == f"r_{ways}_32_32_1" and len(names) == 2 + (rest > 0), names
+  np.testing.assert_allclose((a @ b).numpy(), a.numpy().astype(np.float64) @ b.numpy(), rtol=1e-4, atol=1e-3)
+  from plugrad.helpers import Context
+  with Context(SPLIT_REDUCE=0): assert _names(a @ b) == ["r_32_32"]
+  x = t(1024, k)  # long row sums reuse nothing: not cut (each element is read once anyway)
+  assert kernels(x.sum(1) * 2) == 1
+
+
 def test_padded_reductions_get_their_own_kernels():
   # chunk(3)'s backward adds three padded gradients (q, k, v). A reduction fused under a PAD would run its loop for every
   # element of the padded output and have the gate drop most results (3x the work for the QKV gradient): each ends in

@@ -542,31 +542,69 @@ SPLIT_WAYS = (32, 16, 8)  # partial results per output, largest first (the first
 
 
 def _split_plan(u: UOp) -> tuple[int, int] | None:
-  """(axis, ways) to split REDUCE_AXIS `u` at, or None. Decided from sizes only: at least SPLIT_MIN_REDUCE elements
-  reduced into fewer than SPLIT_MAX_OUTPUTS outputs, the split along the outermost reduced axis that one of SPLIT_WAYS
-  divides (its chunks are contiguous slabs of the source), by the largest such way count."""
+  """(axis, ways) to split REDUCE_AXIS `u` at, or None. Decided from sizes only, in two cases:
+  * few outputs: at least SPLIT_MIN_REDUCE elements reduced into fewer than SPLIT_MAX_OUTPUTS outputs, split along the
+    outermost reduced axis that one of SPLIT_WAYS divides (its chunks are contiguous slabs of the source), by the
+    largest such way count: the partials kernel gets a parallel outer loop;
+  * a long reduction over reused operands (_reuses_operands: a matmul or convolution with K >= 2*SPLIT_CHUNK): cut
+    into chunks of about SPLIT_CHUNK along its outermost reduced axis, so that the operand panel a register tile
+    streams while it accumulates stays in cache for the next tile (the GPT LM head's input gradient, K=50257: 2.3 s
+    unsplit, 0.23 s in 13 chunks; a length no way count near that divides leaves a rest, see _split_reduce)."""
   src_shape, out_shape = u.src[0].shape, u.shape
-  if src_shape is None or out_shape is None or not all(isinstance(d, int) for d in src_shape): return None
-  _, axes = u.arg
-  reduced = prod(src_shape[a] for a in axes)
-  if reduced < SPLIT_MIN_REDUCE or prod(out_shape) >= SPLIT_MAX_OUTPUTS: return None
-  for a in axes:
-    if (ways := next((s for s in SPLIT_WAYS if src_shape[a] % s == 0 and src_shape[a] > s), None)) is not None: return a, ways
-  return None
+  if src_shape is None or out_shape is None or not all(isinstance(d, int) for d in (*src_shape, *out_shape)): return None
+  rop, axes = u.arg
+  reduced, outs = prod(src_shape[a] for a in axes), prod(out_shape)
+  if reduced >= SPLIT_MIN_REDUCE and outs < SPLIT_MAX_OUTPUTS:
+    for a in axes:
+      if (ways := next((s for s in SPLIT_WAYS if src_shape[a] % s == 0 and src_shape[a] > s), None)) is not None: return a, ways
+    return None
+  if reduced < 2 * SPLIT_CHUNK or not _reuses_operands(u): return None
+  a = next(a for a in sorted(axes) if src_shape[a] > 1)
+  d = src_shape[a]
+  want = min(-(-reduced // SPLIT_CHUNK), d, SPLIT_PARTIALS_MAX // (outs * u.dtype.itemsize))
+  if want < 2: return None
+  return a, next((w for w in range(want, min(2 * want, d - 1) + 1) if d % w == 0), want)
+
+
+SPLIT_CHUNK = 4096  # elements per partial when a long reduction over reused operands is cut into chunks
+SPLIT_PARTIALS_MAX = 1 << 26  # bytes of partial results such a cut may write
+
+
+def _reuses_operands(u: UOp) -> bool:
+  """Whether REDUCE_AXIS `u`'s elementwise source broadcasts a value along an axis the reduction keeps (a matmul's
+  operands, a convolution's weights): each such element is read by many outputs, so a kernel tiles the outputs and
+  re-reads an operand panel as long as the reduction for every tile. Broadcasts reached through movement ops or over
+  constants are not looked into."""
+  shape, axes = _shape(u.src[0]), set(u.arg[1])
+  stack, seen = [u.src[0]], set()
+  while stack:
+    if (x := stack.pop()) in seen: continue
+    seen.add(x)
+    if x.op is Ops.EXPAND and x.shape == shape and (base := x.src[0]).shape is not None and base.op is not Ops.CONST:
+      if any(s == 1 and d > 1 and i not in axes for i, (s, d) in enumerate(zip(base.shape, shape))) and \
+         not all(y.op in (Ops.CONST, Ops.EXPAND, Ops.RESHAPE, Ops.DEVICE) for y in base.toposort): return True
+    elif x.op in _EPILOGUE and x.shape == shape: stack.extend(x.src)
+  return False
 
 
 def _split_reduce(u: UOp, a: int, ways: int) -> UOp:
   """REDUCE_AXIS `u` as two reductions: axis `a` (size d) of the source reshaped to (ways, d/ways) and the ways moved
   outermost; the first reduces every original axis, leaving `ways` partials per output (shape (ways, *out)), and, being
   nested in the second reduction, is realized by _find_realized (its outer loop of `ways` iterations is the parallel
-  one); the second reduces the partials. Both keep the reduction's op and dtype (the partials accumulate in it)."""
+  one); the second reduces the partials. Both keep the reduction's op and dtype (the partials accumulate in it). When
+  `ways` does not divide d, the chunks cover a prefix of the axis and the rest is reduced apart and combined by the op."""
   rop, axes = u.arg
   src = u.src[0]
   shape = src.shape
   assert shape is not None and u.shape is not None
   d = shape[a]
   assert isinstance(d, int)
-  split = src.reshape((*shape[:a], ways, d // ways, *shape[a + 1:]))
+  # chunks of equal length; when `ways` does not divide d, of whole vectors (16), and the rest reduced on its own and
+  # combined in the final kernel (not padded: a padded axis would gate every multiply-add, the LM head's K=50257 took 2x the time)
+  chunk = d // ways
+  if d % ways and chunk >= 64: chunk -= chunk % 16
+  whole = src if chunk * ways == d else src.shrink(tuple((0, chunk * ways) if i == a else (0, n) for i, n in enumerate(shape)))
+  split = whole.reshape((*shape[:a], ways, chunk, *shape[a + 1:]))
   moved = split.permute((a, *(i for i in range(len(shape) + 1) if i != a)))
   # after the move every source axis b sits at b+1 (axis a's d/ways part included); runs of neighbouring reduced axes
   # are merged into one, so the innermost reduce loop is as long as the contiguous run it reads (BatchNorm's 8x8
@@ -580,7 +618,11 @@ def _split_reduce(u: UOp, a: int, ways: int) -> UOp:
     else: groups.append([i])
   merged = moved.reshape(tuple(prod(mshape[i] for i in g) for g in groups)) if len(groups) < len(mshape) else moved
   partial = UOp(Ops.REDUCE_AXIS, u.dtype, (merged,), (rop, tuple(n for n, g in enumerate(groups) if g[0] in red)))
-  return UOp(Ops.REDUCE_AXIS, u.dtype, (partial,), (rop, (0,))).reshape(u.shape)
+  out = UOp(Ops.REDUCE_AXIS, u.dtype, (partial,), (rop, (0,))).reshape(u.shape)
+  if chunk * ways == d: return out
+  rest = src.shrink(tuple((chunk * ways, d) if i == a else (0, n) for i, n in enumerate(shape)))
+  # in a kernel of its own: as a second reduction in the final kernel it would leave that kernel without its vector tile
+  return out.alu(rop, UOp(Ops.CONTIGUOUS, u.dtype, (UOp(Ops.REDUCE_AXIS, u.dtype, (rest,), (rop, axes)),)))
 
 
 def _split_reductions(sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:

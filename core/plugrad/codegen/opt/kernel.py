@@ -275,23 +275,26 @@ class Scheduler:
       raise KernelOptError(f"{opt}: the kernel writes a buffer this operand reads")
     deps = {u for u in ld.toposort if u.op is Ops.RANGE}
     loop = [r for r in self.ends[0].src[1:] if r.arg[1] is not AxisType.UPCAST]  # register ranges are copied whole, never a scope
-    p = next((n for n, r in enumerate(loop) if r not in deps), None)
-    if p is None or not any(r.arg[1] in _OUTPUT_TYPES and r not in deps for r in loop[p:]):
-      raise KernelOptError(f"{opt}: no loop inside the copy's scope reuses the packed values (the load depends on every output loop)")
-    scope = set(loop[:p])
+    # the scope ends before a loop the operand does not depend on, with reuse inside it; the outermost such end whose copy
+    # fits (an A^T operand under a column-tile loop: ended before that loop the copy would hold every row of A; ended
+    # before the column loop within the tile, it holds one row tile's panel)
+    def reuse(p: int) -> int: return prod(_size(x) or 2 for x in loop[p:] if x.arg[1] in _OUTPUT_TYPES and x not in deps)
+    ends = [p for p, r in enumerate(loop) if r not in deps and reuse(p) >= 2]
+    if not ends: raise KernelOptError(f"{opt}: no loop inside the copy's scope reuses the packed values (the load depends on every output loop)")
     red_rngs = [r for red in self.reduces for r in red.src[1:]]
     order = [r for r in loop if r.arg[1] in _OUTPUT_TYPES] + [r for r in red_rngs if r.arg[1] is AxisType.REDUCE] + \
       [r for r in red_rngs if r.arg[1] is AxisType.UNROLL] + [r for r in self.ends[0].src[1:] if r.arg[1] is AxisType.UPCAST]
-    covered = list(dict.fromkeys(r for r in order if r in deps and r not in scope))
-    if (stray := deps - scope - set(covered)):
-      raise KernelOptError(f"{opt}: the operand depends on loops {sorted(r.arg[0] for r in stray)} PACK cannot order")
-    sizes = [_size(r) for r in covered]
-    if any(sz is None for sz in sizes): raise KernelOptError(f"{opt}: the load depends on a loop of symbolic size")
-    covered = [r for r, sz in zip(covered, sizes) if sz != 1]
-    isizes = [_size(r) or 1 for r in covered]
-    total = prod(isizes)
-    if total * ld.dtype.itemsize > MAX_PACK_BYTES:
-      raise KernelOptError(f"{opt}: the copy would take {total * ld.dtype.itemsize} bytes, more than {MAX_PACK_BYTES} (TILE the loops first)")
+    for p in ends:
+      scope = set(loop[:p])
+      covered = list(dict.fromkeys(r for r in order if r in deps and r not in scope))
+      if (stray := deps - scope - set(covered)):
+        raise KernelOptError(f"{opt}: the operand depends on loops {sorted(r.arg[0] for r in stray)} PACK cannot order")
+      sizes = [_size(r) for r in covered]
+      if any(sz is None for sz in sizes): raise KernelOptError(f"{opt}: the load depends on a loop of symbolic size")
+      covered = [r for r, sz in zip(covered, sizes) if sz != 1]
+      isizes = [_size(r) or 1 for r in covered]
+      if (total := prod(isizes)) * ld.dtype.itemsize <= MAX_PACK_BYTES: break
+    else: raise KernelOptError(f"{opt}: the copy would take {total * ld.dtype.itemsize} bytes, more than {MAX_PACK_BYTES} (TILE the loops first)")
     fresh = {r: self.new_range(sz, AxisType.LOOP) for r, sz in zip(covered, isizes)}
     def flat(rs: list[UOp]) -> UOp:
       out: UOp = UOp.const(dtypes.index, 0)
