@@ -218,6 +218,9 @@ def _clause_bounds(c: UOp) -> tuple[UOp, int, int] | None:
   return x, lo, hi
 
 
+_BOUND_SENSITIVE = frozenset({Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE, Ops.MAX})
+
+
 def simplify_gated_index(idx: UOp, gate: UOp, simplify: Callable[[UOp], UOp]) -> UOp:
   """`idx` simplified with what `gate` says about the values it is used with: each clause `X < k` (or `k < X`) of the gate
   bounds X, so X is replaced by a variable with those bounds, the index simplified (a division whose quotient the
@@ -225,7 +228,10 @@ def simplify_gated_index(idx: UOp, gate: UOp, simplify: Callable[[UOp], UOp]) ->
   index (the sums of a convolution's input gradient) loses most of its divisions this way. Valid because a gated
   access reads or writes nothing where the gate is false. Not for an index that loads (a gather's): what the gate says
   would also drop the gates of those loads, which run before the gated access and would then read out of bounds."""
-  if any(u.op is Ops.LOAD for u in idx.toposort): return idx
+  topo = idx.toposort
+  # only a division, modulo, comparison or max can fold under a bound: an index without one (a padded vocabulary's 256
+  # gated lanes, each a plain sum) is left alone without a rewrite per clause
+  if any(u.op is Ops.LOAD for u in topo) or not any(u.op in _BOUND_SENSITIVE for u in topo): return idx
   back: dict[UOp, UOp] = {}
   new = idx
   for n, c in enumerate(_clauses(gate)):

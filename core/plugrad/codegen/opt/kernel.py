@@ -279,7 +279,8 @@ class Scheduler:
     # fits (an A^T operand under a column-tile loop: ended before that loop the copy would hold every row of A; ended
     # before the column loop within the tile, it holds one row tile's panel)
     def reuse(p: int) -> int: return prod(_size(x) or 2 for x in loop[p:] if x.arg[1] in _OUTPUT_TYPES and x not in deps)
-    ends = [p for p, r in enumerate(loop) if r not in deps and reuse(p) >= 2]
+    ends = [p for p, r in enumerate(loop) if r not in deps and any(x.arg[1] in _OUTPUT_TYPES and x not in deps for x in loop[p:])]
+    ends = ends[:1] + [p for p in ends[1:] if reuse(p) >= 2]  # a deeper scope only where its copy is read twice
     if not ends: raise KernelOptError(f"{opt}: no loop inside the copy's scope reuses the packed values (the load depends on every output loop)")
     red_rngs = [r for red in self.reduces for r in red.src[1:]]
     order = [r for r in loop if r.arg[1] in _OUTPUT_TYPES] + [r for r in red_rngs if r.arg[1] is AxisType.REDUCE] + \
