@@ -169,6 +169,25 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
 NO_GRAD = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.THREEFRY})
 
 
+# The derivatives of precompiled kernels (a KERNEL node, whose outputs are AFTER(buffer, KERNEL)): PROGRAM -> rule(kernel,
+# output slot, gradient of that output) -> one gradient (or None) per source of the KERNEL. Keyed by the PROGRAM, which
+# stays the same when the graph around the kernel is rewritten (realized inputs, the tensor layer's marks).
+KERNEL_GRADIENTS: dict[UOp, Callable[[UOp, int, UOp], Grads]] = {}
+
+
+def register_kernel_gradient(program: UOp, rule: Callable[[UOp, int, UOp], Grads]) -> None:
+  """Make the outputs of every launch of `program` differentiable: gradients flow to the KERNEL's sources by `rule`."""
+  KERNEL_GRADIENTS[program] = rule
+
+
+def _kernel_of(u: UOp) -> UOp | None:
+  """The KERNEL whose registered derivative `u` (one of its outputs) takes, or None."""
+  return u.src[1] if u.op is Ops.AFTER and u.src[1].op is Ops.KERNEL and u.src[1].arg in KERNEL_GRADIENTS else None
+
+
+def _inputs(u: UOp) -> tuple[UOp, ...]: return k.src if (k := _kernel_of(u)) is not None else u.src
+
+
 def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[UOp, UOp]:
   """d(root)/d(target) for each target reached from `root`, seeded with `root_grad` (same shape as root). A float target
   in the graph that no differentiable path joins to `root` (only through comparisons or integer ops, or through an
@@ -179,13 +198,15 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[
   # the nodes on a differentiable path from a target up to the root
   on_path: set[UOp] = set()
   for u in topo:
-    if u in wanted or (dtypes.is_float(u.dtype) and u.op is not Ops.DETACH and u.op not in NO_GRAD and any(s in on_path for s in u.src)):
+    if u in wanted or (dtypes.is_float(u.dtype) and u.op is not Ops.DETACH and u.op not in NO_GRAD and any(s in on_path for s in _inputs(u))):
       on_path.add(u)
   grads: dict[UOp, UOp] = {root: root_grad}
   for u in reversed(topo):
-    if (g := grads.get(u)) is None or u not in on_path or not any(s in on_path for s in u.src): continue
-    if (rule := RULES.get(u.op)) is None: raise GradientError(f"no derivative rule for {u.op.name} (dtype {u.dtype}, shape {u.shape})")
-    for s, sg in zip(u.src, rule(u, g)):
+    if (g := grads.get(u)) is None or u not in on_path or not any(s in on_path for s in _inputs(u)): continue
+    if (k := _kernel_of(u)) is not None: local = KERNEL_GRADIENTS[k.arg](k, k.src.index(u.src[0]), g)
+    elif (rule := RULES.get(u.op)) is None: raise GradientError(f"no derivative rule for {u.op.name} (dtype {u.dtype}, shape {u.shape})")
+    else: local = rule(u, g)
+    for s, sg in zip(_inputs(u), local):
       if sg is None or s not in on_path: continue
       grads[s] = grads[s].alu(Ops.ADD, sg) if s in grads else sg
   # the nodes `root` depends on other than through DETACH: a target among them that got no gradient has derivative 0

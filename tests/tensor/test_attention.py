@@ -150,3 +150,59 @@ def test_no_exp_in_the_value_matmul():
   q, k, v = T(1, 2, 64, 32), T(1, 2, 64, 32), T(1, 2, 64, 32)
   pv = kernels(q.scaled_dot_product_attention(k, v))[-1]
   assert not any(u.op is Ops.EXP2 for u in pv.ast.toposort)
+
+
+def _attention_kernels(t: Tensor) -> list[str]:
+  return [u.arg.name for u in t.uop.toposort if u.op is Ops.KERNEL]
+
+
+def test_fused_attention_policy_by_device_and_flag():
+  """FLASH_ATTENTION=2 (default): the CPU keeps the plain formula while the scores are small (its matmuls are faster there)
+  and a device with workgroups (PYTHON emulates one) takes the fused kernel; 1 and 0 force it either way; dropout in
+  training needs the probabilities, so it always takes the plain formula."""
+  def sdpa(device: str, **kw) -> Tensor:
+    q = Tensor(RNG.standard_normal((2, 4, 16, 8)).astype(np.float32), device=device)
+    return q.scaled_dot_product_attention(q, q, is_causal=True, **kw)
+  assert _attention_kernels(sdpa("CPU")) == [] and _attention_kernels(sdpa("PYTHON")) == ["flash_attn_8_16_16_8_causal"]
+  with Context(FLASH_ATTENTION=1): assert _attention_kernels(sdpa("CPU")) == ["flash_attn_8_16_16_8_causal"]
+  with Context(FLASH_ATTENTION=0): assert _attention_kernels(sdpa("PYTHON")) == []
+  with Context(FLASH_ATTENTION=1):
+    Tensor.training = True
+    try: assert _attention_kernels(sdpa("CPU", dropout_p=0.1)) == []
+    finally: Tensor.training = False
+
+
+def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():
+  """A causal self-attention block's training step under TinyJit: the fused kernel is one launch per step, replayed, and
+  the weights' gradients match the plain formula's."""
+  from plugrad import TinyJit
+  x = T(2, 32, 16)
+  def step(w: Tensor) -> tuple[Tensor, Tensor]:
+    q, k, v = (x @ w).reshape(2, 32, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    out = q.scaled_dot_product_attention(k, v, is_causal=True)
+    w.grad = None
+    (out * out).sum().backward()
+    return out.realize(), w.grad.realize()
+  got, w0 = {}, RNG.standard_normal((16, 48)).astype(np.float32) * 0.3
+  for flash in (1, 0):
+    with Context(FLASH_ATTENTION=flash):
+      w = Tensor(w0, device="CPU", requires_grad=True)
+      w.realize()
+      jit = TinyJit(step)
+      for _ in range(3): out, g = jit(w)
+      names = [ei.runner.program.name for ei in jit.captured.items if hasattr(ei.runner, "program")]
+      assert sum(n.startswith("flash_attn") for n in names) == flash
+      got[flash] = (out.numpy(), g.numpy())
+  np.testing.assert_allclose(got[1][0], got[0][0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got[1][1], got[0][1], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_attention_estimates_count_the_causal_loop_at_its_longest():
+  """The fused causal kernel's key loop ends after the tile's last row (a bound that depends on the instance): the
+  estimates count its longest trip, an upper bound, and the kernel runs."""
+  from plugrad.codegen.attention import AttentionShape, attention_program
+  from plugrad.device.registry import Device
+  p = attention_program(AttentionShape(1, 2, 64, 64, 16, 16, causal=True, scale=0.25), Device["CPU"].renderer)
+  assert any(u.op is Ops.RANGE and u.src[0].op is not Ops.CONST for u in p.uops)
+  full = 2 * 64 * 64 * 16 * 2 * 2  # q·kᵀ and p·v multiply-adds over every (query, key) pair
+  assert full <= p.estimates.ops < 2 * full

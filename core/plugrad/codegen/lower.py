@@ -51,18 +51,26 @@ def add_gpudims(ast: UOp, renderer: Renderer, dont_use_locals: bool = False) -> 
     sub = unflatten(UOp.special(total, "gidx0"), glob) if glob else {}
     sub.update(unflatten(UOp.special(lsz, "lidx0"), locs))
   else:
-    lmax = renderer.local_max[0] if renderer.local_max else 1
-    lsz = 1 if dont_use_locals else min(total, 128, lmax) if isinstance(total, int) else min(32, lmax)
-    groups = ceildiv(total, lsz)
-    if isinstance(groups, int) and renderer.global_max and groups > renderer.global_max[0]: return ast
-    flat = UOp.special(groups, "gidx0") * lsz + UOp.special(lsz, "lidx0") if lsz != 1 else UOp.special(groups, "gidx0")
-    exact = isinstance(total, int) and total % lsz == 0
-    sub = unflatten(flat if exact else flat.minimum(total - 1), glob)
-    if not exact: gate = flat < total
+    if (launch := flat_launch_index(total, renderer, dont_use_locals)) is None: return ast
+    flat, gate = launch
+    sub = unflatten(flat, glob)
   stores = [u for u in body.toposort if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL] if gate is not None else []
   if stores and gate is not None: body = body.substitute({st: _gated(st, gate) for st in stores})
   body = body.substitute(sub)
   return ast.replace(src=(UOp(Ops.END, dtypes.void, (body, *rest)) if rest else body,))
+
+
+def flat_launch_index(total: sint, renderer: Renderer, dont_use_locals: bool = False) -> tuple[UOp, UOp | None] | None:
+  """(a flat index over `total` output positions from launch indices, the gate of positions past the end or None), or
+  None when the workgroups would exceed the device's grid: `gidx0 * L + lidx0` (L = 1 under NOLOCALS); the index is
+  clamped to the last position so loads stay in bounds, and stores take the gate."""
+  lmax = renderer.local_max[0] if renderer.local_max else 1
+  lsz = 1 if dont_use_locals else min(total, 128, lmax) if isinstance(total, int) else min(32, lmax)
+  groups = ceildiv(total, lsz)
+  if isinstance(groups, int) and renderer.global_max and groups > renderer.global_max[0]: return None
+  flat = UOp.special(groups, "gidx0") * lsz + UOp.special(lsz, "lidx0") if lsz != 1 else UOp.special(groups, "gidx0")
+  if isinstance(total, int) and total % lsz == 0: return flat, None
+  return flat.minimum(total - 1), flat < total
 
 
 def _gated(st: UOp, gate: UOp) -> UOp:

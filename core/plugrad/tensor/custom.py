@@ -33,6 +33,18 @@ def _var_binds(p: ProgramUOp, var_vals: dict[str, Any]) -> list[UOp]:
 
 def run_program(program: ProgramUOp, *tensors: Any, **var_vals: Any) -> None:
   """Run `program` on `tensors`, one per buffer slot; outputs are written in place (see plugrad.backend.run_program)."""
+  outs = launch_program(program, *tensors, **var_vals)
+  before = {id(t): t.uop.src[0] for t in outs}
+  first, *rest = outs
+  try: first.realize(*rest)
+  except BaseException:
+    for t in outs: t.uop = before[id(t)]  # a failed launch leaves the tensors as they were
+    raise
+
+
+def launch_program(program: ProgramUOp, *tensors: Any, **var_vals: Any) -> list[Any]:
+  """`run_program` without the realize: the written tensors (returned) become AFTER(buffer, KERNEL), so the launch runs
+  when they (or a result computed from them) are realized, scheduled with the rest of the graph."""
   if not isinstance(program, ProgramUOp): raise TypeError(f"run_program needs a PROGRAM UOp (from new_program), got {type(program).__name__}")
   p, sig, Tensor = program, program.signature, tensor_cls()
   def fail(why: str) -> ProgramArgumentError: return ProgramArgumentError(f"kernel {p.name!r}: {why}")
@@ -52,10 +64,5 @@ def run_program(program: ProgramUOp, *tensors: Any, **var_vals: Any) -> None:
                  f"x.contiguous().realize()); got a lazy {t.uop.op.name}")
     outs[id(t)] = t
   kernel = UOp(Ops.KERNEL, dtypes.void, (*(t.uop for t in tensors), *binds), p)
-  before = {k: t.uop for k, t in outs.items()}
   for t in outs.values(): t.uop = UOp(Ops.AFTER, t.dtype, (t.uop, kernel))
-  first, *rest = outs.values()
-  try: first.realize(*rest)
-  except BaseException:
-    for k, t in outs.items(): t.uop = before[k]  # a failed launch leaves the tensors as they were
-    raise
+  return list(outs.values())

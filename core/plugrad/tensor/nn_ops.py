@@ -17,6 +17,7 @@ import numpy as np
 
 from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.helpers import argsort, prod
+from plugrad.tensor.attention import fused_attention
 from plugrad.tensor.helpers import ArgumentError, ints
 from plugrad.tensor.indexing import make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
 from plugrad.uop.shape import ShapeError, fmt
@@ -312,11 +313,13 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
       raise ShapeError(f"scaled_dot_product_attention: query heads {fmt(self.shape)} must be a multiple of key/value heads {fmt(key.shape)}")
     heads = ints(self.shape[-3:-2] + key.shape[-3:-2] + value.shape[-3:-2], "scaled_dot_product_attention")
     key, value = key.repeat_interleave(heads[0] // heads[1], dim=-3), value.repeat_interleave(heads[0] // heads[2], dim=-3)
+  if is_causal and attn_mask is not None:
+    raise ArgumentError("scaled_dot_product_attention: give attn_mask or is_causal, not both (PyTorch and tinygrad raise too); "
+                        "to combine them, pass attn_mask & Tensor.ones(L, S, dtype=dtypes.bool).tril()")
+  if dropout_p == 0.0 or not type(self).training:  # dropout on the probabilities needs them in memory
+    if (out := fused_attention(self, key, value, attn_mask, is_causal, 1 / math.sqrt(E))) is not None: return out
   qk = self.matmul(key.transpose(-2, -1), dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) * (1 / math.sqrt(E))
   if is_causal:
-    if attn_mask is not None:
-      raise ArgumentError("scaled_dot_product_attention: give attn_mask or is_causal, not both (PyTorch and tinygrad raise too); "
-                          "to combine them, pass attn_mask & Tensor.ones(L, S, dtype=dtypes.bool).tril()")
     from plugrad.tensor.tensor import Tensor
     attn_mask = Tensor.ones(qk.shape[-2:], dtype=dtypes.bool, device=self.device, buffer=False).tril()
   if attn_mask is not None: qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)

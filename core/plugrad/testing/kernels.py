@@ -42,9 +42,12 @@ class SuiteKernel:
   var_vals: dict[str, int] = field(default_factory=dict)
   rtol: float = 0.0
   atol: float = 0.0
+  # a kernel the codegen builds for each renderer itself (the fused attention): (device, renderer) -> its PROGRAM
+  build: Callable[[str, Renderer], ProgramUOp] | None = None
 
   def program(self, device: str, renderer: Renderer) -> ProgramUOp:
     """The kernel for `renderer`, with the shared decompositions its flags ask for applied (as the codegen would)."""
+    if self.build is not None: return self.build(device, renderer)
     ast = UOp(Ops.SINK, dtypes.void, (), KernelInfo(self.name))
     return make_program(ast, device).with_linear(decompose_linear(self.uops, renderer))
 
@@ -445,8 +448,30 @@ def suite() -> dict[str, Callable[[Renderer], SuiteKernel]]:
            (dtypes.float16, dtypes.float32), (dtypes.float32, dtypes.bfloat16), (dtypes.bfloat16, dtypes.float32), (dtypes.float64, dtypes.float32),
            (dtypes.int64, dtypes.float64), (dtypes.uint32, dtypes.float32)]
   for s, d in pairs: out[f"cast-{dname(s)}-{dname(d)}"] = cast(s, d)
-  for fn in (reduce_rows, symbolic_size, gated, global_ids, workgroup, shared_reduce, vectors, where_select, threefry): out[fn.__name__] = fn
+  for fn in (reduce_rows, symbolic_size, gated, global_ids, workgroup, shared_reduce, vectors, where_select, threefry, flash_attention):
+    out[fn.__name__] = fn
   return out
+
+
+def flash_attention(r: Renderer) -> SuiteKernel:
+  """The fused online-softmax attention kernel (codegen/attention.py) as the codegen builds it for this renderer: 2
+  heads, 8 queries, 16 keys, a per-head additive mask with -inf entries; out (slot 0) and the log-sum-exp (slot 1)."""
+  from plugrad.codegen.attention import AttentionShape, attention_linear
+  H, L, S, E = 2, 8, 16, 8
+  sh = AttentionShape(1, H, L, S, E, E, dtypes.float32, (False, True, False), False, 1 / np.sqrt(E))
+  rng = np.random.default_rng(7)
+  q, k, v = (rng.standard_normal((H, n, E)).astype(np.float32) for n in (L, S, S))
+  mask = rng.standard_normal((H, S)).astype(np.float32)
+  mask[:, 3::5] = -np.inf
+  s = np.einsum("hle,hse->hls", q.astype(np.float64), k.astype(np.float64)) * sh.scale + mask[:, None, :]
+  mx = s.max(-1, keepdims=True)
+  p = np.exp(s - mx)
+  out, lse = (p / p.sum(-1, keepdims=True)) @ v, (mx[..., 0] + np.log(p.sum(-1)))
+  f32 = dtypes.float32
+  return SuiteKernel(sh.name, [], {2: q.ravel(), 3: np.swapaxes(k, 1, 2).ravel(), 4: v.ravel(), 5: mask.ravel()},
+                     {0: out.ravel().astype(np.float32), 1: lse.ravel().astype(np.float32)},
+                     {0: H * L * E, 1: H * L, 2: H * L * E, 3: H * S * E, 4: H * S * E, 5: H * S}, dict.fromkeys(range(6), f32),
+                     rtol=1e-4, atol=1e-5, build=lambda device, rr: attention_linear(sh, rr, device))
 
 
 def device_kernels(renderer: Renderer) -> dict[str, Callable[[Renderer], SuiteKernel]]:

@@ -1,13 +1,17 @@
 """Conformance: the row reductions of attention (softmax, log-softmax, layernorm) on inputs that break naive kernels
 (large values, -inf entries from masks), exp over every range where it changes form (vectorized on the CPU), and
-scaled_dot_product_attention with each kind of mask, forward and backward, against float64 numpy references."""
+scaled_dot_product_attention with each kind of mask, forward and backward, against float64 numpy references, by the
+plain formula and by the fused online-softmax kernel."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from plugrad.device.registry import Device
+from plugrad.dtype import dtypes
 from plugrad.tensor.tensor import Tensor
 from plugrad.testing.test_tensor_nn import _np_softmax, check, np_sdpa, rand
+from plugrad.uop.ops import Ops
 
 pytestmark = pytest.mark.plugrad_conformance
 RNG = np.random.default_rng(20)
@@ -120,3 +124,71 @@ def test_attention_masks_row_fused(run_device, mode):
   """scaled_dot_product_attention with the softmax's statistics fused into the probabilities' kernel on every device."""
   from plugrad.helpers import Context
   with Context(ROW_FUSE=2): test_attention_masks_forward_backward(run_device, mode)
+
+
+def _fused(out: Tensor) -> bool:
+  return any(u.op is Ops.KERNEL and u.arg.name.startswith("flash_attn") for u in out.uop.toposort)
+
+
+@pytest.mark.parametrize("mode", ["none", "bool_mask", "float_mask", "causal", "gqa"])
+@pytest.mark.parametrize("dims", [(8, 8, 4, 4), (16, 32, 8, 16), (5, 7, 3, 6)], ids=["square", "vectors", "odd"])
+def test_fused_attention_matches_the_plain_formula(run_device, mode, dims):
+  """The fused online-softmax kernel (FLASH_ATTENTION=1), forward and backward (through the saved log-sum-exp), against
+  the plain formula in float64 and against this device's own unfused result: masks broadcast over batch and heads with
+  -inf entries (a fully masked row gives nan, as the plain formula does), causal with more keys than queries, the head
+  dims of k and v apart, key counts that are and are not multiples of the vector width, grouped-query heads."""
+  from plugrad.helpers import Context
+  L, S, E, Ev = dims
+  if mode == "causal": S = max(S, L)
+  q, k, v = rand(2, 2, L, E), rand(2, 1 if mode == "gqa" else 2, S, E), rand(2, 1 if mode == "gqa" else 2, S, Ev)
+  mask: np.ndarray | None = None
+  if mode == "bool_mask":
+    mask = RNG.random((2, 1, L, S)) < 0.6
+    mask[..., 0] = True
+  if mode == "float_mask":
+    mask = rand(1, 2, 1, S)
+    mask[0, 0, 0, S // 2:] = -np.inf
+  m = None if mask is None else Tensor(mask, device=run_device, requires_grad=mode == "float_mask")
+  def sdpa(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    return a.scaled_dot_product_attention(b, c, m, is_causal=mode == "causal", enable_gqa=mode == "gqa")
+  def ref(a, b, c):
+    if mode == "gqa": b, c = np.repeat(b, 2, 1), np.repeat(c, 2, 1)
+    return np_sdpa(a, b, c, mask, mode == "causal")
+  with Context(FLASH_ATTENTION=1):
+    assert _fused(sdpa(*(Tensor(x, device=run_device) for x in (q, k, v))))
+    fused = check(run_device, sdpa, ref, q, k, v, atol=1e-5, rtol=1e-4, gtol=5e-3, grad=(0, 1, 2)).numpy()
+  with Context(FLASH_ATTENTION=0):
+    plain = sdpa(*(Tensor(x, device=run_device) for x in (q, k, v)))
+    assert not _fused(plain)
+    np.testing.assert_allclose(fused, plain.numpy(), atol=2e-6, rtol=2e-5)
+  if mode == "float_mask":  # the mask's own gradient: dS summed over the dims it broadcasts along
+    with Context(FLASH_ATTENTION=1):
+      tq, tk, tv = (Tensor(x, device=run_device) for x in (q, k, v))
+      assert m is not None
+      m.grad = None
+      (sdpa(tq, tk, tv) * 1.5).sum().backward()
+      fused_grad = m.grad.numpy()
+    with Context(FLASH_ATTENTION=0):
+      m.grad = None
+      (sdpa(tq, tk, tv) * 1.5).sum().backward()
+      np.testing.assert_allclose(fused_grad, m.grad.numpy(), atol=1e-5, rtol=1e-4)
+
+
+def test_fused_attention_fully_masked_rows_and_float16(run_device):
+  """A row whose keys are all masked is nan (as softmax of all -inf is), its neighbours are untouched; float16 inputs
+  compute in float32 inside the kernel and return float16."""
+  from plugrad.helpers import Context
+  q, k, v = rand(1, 1, 4, 8), rand(1, 1, 8, 8), rand(1, 1, 8, 8)
+  mask = np.ones((4, 8), bool)
+  mask[2] = False
+  with Context(FLASH_ATTENTION=1):
+    got = Tensor(q, device=run_device).scaled_dot_product_attention(Tensor(k, device=run_device), Tensor(v, device=run_device),
+                                                                    Tensor(mask, device=run_device)).numpy()
+    assert np.isnan(got[0, 0, 2]).all() and np.isfinite(np.delete(got, 2, axis=2)).all()
+    np.testing.assert_allclose(np.delete(got, 2, axis=2), np.delete(np_sdpa(q, k, v, mask), 2, axis=2), atol=1e-5, rtol=1e-4)
+    if "float16" not in Device[run_device].renderer.capabilities: return
+    h = [Tensor(x.astype(np.float16), device=run_device) for x in (q, k, v)]
+    out = h[0].scaled_dot_product_attention(h[1], h[2], is_causal=True)
+    assert _fused(out) and out.dtype == dtypes.float16
+    np.testing.assert_allclose(out.numpy().astype(np.float64), np_sdpa(*(x.astype(np.float16).astype(np.float64) for x in (q, k, v)), causal=True),
+                               atol=2e-3, rtol=2e-3)

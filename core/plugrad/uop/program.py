@@ -39,6 +39,11 @@ class ProgramArgumentError(ProgramError):
 
 # ---- symbolic sizes: launch sizes and loop trips are given in the `index` domain, like tensor shapes
 
+def _trip_count(r: UOp) -> sint:
+  b = _index_expr(r.src[0])
+  return int(b.vmax) if isinstance(b, UOp) and any(x.op in (Ops.RANGE, Ops.SPECIAL) for x in b.toposort) else b
+
+
 def _index_expr(x: UOp) -> sint:
   """`x` as an int when constant, else the same expression with its integers retyped to `index` (so a size built from
   an int32 `n` compares equal to the user's `Variable("n", ...)` and products of sizes never wrap)."""
@@ -115,7 +120,8 @@ class Estimates:
     * `mem`: bytes of the distinct DEFINE_GLOBAL buffers loaded or stored: pointer size × itemsize, or that buffer's
       `lds` traffic when the size is unknown (-1).
     * `local_bytes`: size × itemsize of every DEFINE_LOCAL.
-    Symbolic bounds give symbolic counts (in the index domain).
+    Symbolic bounds give symbolic counts (in the index domain); a loop whose bound depends on an enclosing loop (a
+    causal attention's key loop) counts its largest trip count, an upper bound like the IF blocks.
     """
     uops = tuple(uops)
     threads: sint = 1
@@ -131,7 +137,7 @@ class Estimates:
     traffic: dict[UOp, sint] = {}
     local_bytes = 0
     for u in uops:
-      if u.op is Ops.RANGE: trips.append(_smul(trips[-1], _index_expr(u.src[0])))
+      if u.op is Ops.RANGE: trips.append(_smul(trips[-1], _trip_count(u)))
       elif u.op is Ops.ENDRANGE:
         if len(trips) == 1: raise ProgramError("Estimates.from_uops: an ENDRANGE without an open RANGE (uops not in execution order?)")
         trips.pop()

@@ -1,0 +1,190 @@
+"""A fused attention kernel ("flash attention"): softmax(q·kᵀ·scale + mask)·v with an online softmax, so the scores
+never reach memory.
+
+The optimizer's REDUCE folds one value with ADD, MUL or MAX; an online softmax carries three states per query row
+(the running maximum m, the running sum l, the output accumulator o) and rescales l and o whenever m grows. This
+module writes that kernel directly in the lowered form the codegen's later stages take (register accumulators,
+explicit loops: what `lower_reduces` produces), and hands it to the same decompose → linearize → render tail as every
+kernel, so each device renders it with its own renderer (CPU C/LLVM, the PYTHON interpreter, WGSL, CUDA, ...).
+
+One program instance owns R query rows of one (batch, head). It walks the keys in blocks of w (the vector width of
+the device): a block's R×w scores are an inner reduction over the head dimension (q broadcast times a vector of the
+transposed keys kᵀ, so no horizontal sums), then per row the block maximum, one rescale of l and o, w probabilities
+in one vector exp2, and o += p·v as w vector multiply-adds per value chunk. Everything is in base 2 (scores scaled
+by log2(e)); `lse` (natural log-sum-exp per row) is written for the backward. A causal kernel stops each tile's key
+loop after the tile's last row (on devices without workgroups) and masks the block that crosses the diagonal.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from plugrad.codegen.decompose import decompose
+from plugrad.codegen.linearize import linearize
+from plugrad.codegen.lower import flat_launch_index, lower_reduces, split_ends
+from plugrad.dtype import AddrSpace, DType, dtypes
+from plugrad.renderer.base import Renderer
+from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
+from plugrad.uop.program import ProgramUOp, make_program
+from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.symbolic import symbolic
+
+LOG2E, LN2 = 1 / math.log(2), math.log(2)
+REG_IDS = 1 << 20  # ids of the online-softmax registers, apart from the inner reductions' (lower_reduces counts from 0)
+MAX_SCORE_VECTORS = 8  # the block's score vectors one instance keeps (R rows x nv): independent FMA chains, in registers
+MAX_ACC_VECTORS = 16  # the output accumulators one instance keeps (R rows x Ev/u vectors): registers, not a spill
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+  """One fused attention launch: `B*H` heads of `L` queries and `S` keys, head dims `E` (q, k) and `Ev` (v), `dtype`
+  the element type of q, k, v and the output. `mask`: None, or which of (batch, head, query) the additive float32 mask
+  varies along (its last dim is always the S keys; a False dim is broadcast). `causal`: key j is seen by query i
+  when j <= i."""
+  B: int
+  H: int
+  L: int
+  S: int
+  E: int
+  Ev: int
+  dtype: DType = dtypes.float32
+  mask: tuple[bool, bool, bool] | None = None
+  causal: bool = False
+  scale: float = 1.0
+
+  @property
+  def name(self) -> str:
+    return f"flash_attn_{self.B * self.H}_{self.L}_{self.S}_{self.E}" + ("_causal" if self.causal else "_mask" if self.mask else "")
+
+  @property
+  def mask_numel(self) -> int:
+    m = self.mask or (False, False, False)
+    return (self.B if m[0] else 1) * (self.H if m[1] else 1) * (self.L if m[2] else 1) * self.S
+
+
+def _pow2_dividing(n: int, cap: int) -> int:
+  w = 1
+  while w * 2 <= cap and n % (w * 2) == 0: w *= 2
+  return w
+
+
+def _bcast(x: UOp, n: int) -> UOp: return x if n == 1 else UOp(Ops.VECTORIZE, x.dtype.vec(n), (x,) * n)
+
+
+def _lanes(x: UOp) -> list[UOp]: return [x] if x.dtype.count == 1 else [x.gep(i) for i in range(x.dtype.count)]
+
+
+def _hreduce(x: UOp, op: Ops) -> UOp:
+  """The lanes of `x` (a power of two) combined by `op`, halving the vector each step (log2 vector ops, not n - 1 scalar ones)."""
+  while (n := x.dtype.count) > 1:
+    x = UOp(op, x.dtype.scalar().vec(n // 2) if n > 2 else x.dtype.scalar(), (x.gep(tuple(range(n // 2))), x.gep(tuple(range(n // 2, n)))))
+  return x
+
+
+def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
+  """The lowered kernel graph (a SINK) for `shape` on `renderer`'s device. Buffers: 0 out (B*H, L, Ev), 1 lse float32
+  (B*H, L), 2 q (B*H, L, E), 3 kᵀ (B*H, E, S), 4 v (B*H, S, Ev), 5 the mask when `shape.mask` (see AttentionShape)."""
+  sh, f32, dt = shape, dtypes.float32, shape.dtype
+  BH, L, S, E, Ev = sh.B * sh.H, sh.L, sh.S, sh.E, sh.Ev
+  w, u = _pow2_dividing(S, renderer.vector_width), _pow2_dividing(Ev, renderer.vector_width)
+  R = next(r for r in (4, 2, 1) if L % r == 0 and r * (Ev // u) <= MAX_ACC_VECTORS or r == 1)
+  # score vectors per row in one key block: enough independent multiply-add chains (R * nv) to cover the FMA latency
+  nv = next(n for n in (8, 4, 2, 1) if R * n <= MAX_SCORE_VECTORS and S % (n * w) == 0)
+  W = nv * w
+  def glob(slot: int, n: int, d: DType) -> UOp: return UOp(Ops.DEFINE_GLOBAL, d.ptr(n), (), slot)
+  out, lse, q, kt, v = glob(0, BH * L * Ev, dt), glob(1, BH * L, f32), glob(2, BH * L * E, dt), glob(3, BH * E * S, dt), glob(4, BH * S * Ev, dt)
+  mask = glob(5, sh.mask_numel, f32) if sh.mask else None
+  tiles = BH * (L // R)
+  # the instance index: a parallel loop on a CPU, launch indices where the device has workgroups
+  launch = flat_launch_index(tiles, renderer) if renderer.has_local else None
+  if launch is None: g, gate = UOp.range(tiles, 0, AxisType.GLOBAL), None
+  else: g, gate = launch
+  bh, i0 = g // (L // R), (g % (L // R)) * R
+  rows = [i0 + r for r in range(R)]
+  nblocks: int | UOp = S // W
+  # no block after the tile's last row; only in a loop (threads of a workgroup keep one bound: the PYTHON interpreter,
+  # which runs them in lockstep, requires it, and a GPU's lanes would wait for the longest row anyway)
+  if sh.causal and S // W > 1 and launch is None: nblocks = ((i0 + (R - 1)) // W + 1).minimum(S // W)
+  jb = UOp.range(nblocks, 1, AxisType.REDUCE)
+  e = UOp.range(E, 2, AxisType.REDUCE)
+  j0 = jb * W
+  kvecs = [kt.index(bh * (E * S) + e * S + j0 + c * w).load(dtype=dt.vec(w)).cast(f32.vec(w)) for c in range(nv)]
+  scale2, log2e, ninf = _bcast(UOp.const(f32, sh.scale * LOG2E), w), _bcast(UOp.const(f32, LOG2E), w), _bcast(UOp.const(f32, -math.inf), w)
+  ranges_here = (g,) if g.op is Ops.RANGE else ()
+
+  def reg(n: int, count: int) -> UOp: return UOp(Ops.DEFINE_REG, f32.vec(count).ptr(1, AddrSpace.REG), (), n).index(UOp.const(dtypes.index, 0))
+  def vmap(op: Ops, xs: list[UOp]) -> UOp:  # lanewise over the block's vectors, then across the lanes
+    acc = xs[0]
+    for x in xs[1:]: acc = UOp(op, acc.dtype, (acc, x))
+    return _hreduce(acc, op)
+  updates: list[UOp] = []
+  regs: list[tuple[UOp, UOp, list[UOp]]] = []  # per row: m, l and the accumulators
+  for r, i in enumerate(rows):
+    qv = _bcast(q.index(bh * (L * E) + i * E + e).load().cast(f32), w)
+    ss = [UOp(Ops.REDUCE, f32.vec(w), (qv * kv, e), Ops.ADD) * scale2 for kv in kvecs]
+    if mask is not None:
+      mb, mh, ml = sh.mask or (False, False, False)
+      midx = (bh // sh.H) * ((sh.H if mh else 1) * (L if ml else 1) * S) if mb else UOp.const(dtypes.index, 0)
+      if mh: midx = midx + (bh % sh.H) * ((L if ml else 1) * S)
+      if ml: midx = midx + i * S
+      ss = [x + mask.index(midx + j0 + c * w).load(dtype=f32.vec(w)) * log2e for c, x in enumerate(ss)]
+    if sh.causal:
+      def seen(c: int) -> UOp:
+        ok = [j0 + (c * w + t) <= i for t in range(w)]
+        return ok[0] if w == 1 else UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(ok))
+      ss = [seen(c).where(x, ninf) for c, x in enumerate(ss)]
+    ids = REG_IDS + r * (2 + Ev // u)
+    m_reg, l_reg = reg(ids, 1), reg(ids + 1, 1)
+    acc_regs = [reg(ids + 2 + k, u) for k in range(Ev // u)]
+    regs.append((m_reg, l_reg, acc_regs))
+    def state(ix: UOp, init: float, n: int) -> UOp:
+      return UOp(Ops.LOAD, ix.dtype.base, (ix, ix.store(_bcast(UOp.const(f32, init), n), *ranges_here), jb))
+    m_old, l_old = state(m_reg, -math.inf, 1), state(l_reg, 0.0, 1)
+    m_new = m_old.maximum(vmap(Ops.MAX, ss))
+    m_safe = m_new.ne(-math.inf).where(m_new, UOp.const(f32, 0.0))  # a row masked so far: exp2(-inf - 0) = 0, not nan
+    corr = (m_old - m_safe).exp2()
+    ps = [(x - _bcast(m_safe, w)).exp2() for x in ss]
+    updates += [m_reg.store(m_new), l_reg.store(l_old * corr + vmap(Ops.ADD, ps))]
+    pl = [lane for x in ps for lane in _lanes(x)]
+    for k, areg in enumerate(acc_regs):
+      acc = state(areg, 0.0, u) * _bcast(corr, u)
+      for t in range(W):
+        vrow = v.index(bh * (S * Ev) + (j0 + t) * Ev + k * u).load(dtype=dt.vec(u)).cast(f32.vec(u))
+        acc = UOp(Ops.MULACC, acc.dtype, (_bcast(pl[t], u), vrow, acc))
+      updates.append(areg.store(acc))
+  loop = UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(updates)), jb))
+  stores = []
+  for i, (m_reg, l_reg, acc_regs) in zip(rows, regs):
+    m_f, l_f = UOp(Ops.LOAD, f32, (m_reg, loop)), UOp(Ops.LOAD, f32, (l_reg, loop))
+    inv = l_f.reciprocal()
+    for k, areg in enumerate(acc_regs):
+      val = (UOp(Ops.LOAD, f32.vec(u), (areg, loop)) * _bcast(inv, u)).cast(dt.vec(u))
+      stores.append(out.index(bh * (L * Ev) + i * Ev + k * u, gate).store(val))
+    stores.append(lse.index(bh * L + i, gate).store((m_f + l_f.log2()) * UOp.const(f32, LN2)))
+  body = UOp(Ops.GROUP, dtypes.void, tuple(stores))
+  if g.op is Ops.RANGE: body = UOp(Ops.END, dtypes.void, (body, g))
+  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(shape.name, (), ()))
+
+
+def attention_linear(shape: AttentionShape, renderer: Renderer, device: str | None = None) -> ProgramUOp:
+  """The PROGRAM of `attention_kernel(shape, renderer)` at the linear stage (for `device`, default the renderer's)."""
+  sink = attention_kernel(shape, renderer)
+  lowered = decompose(split_ends(lower_reduces(graph_rewrite(sink, symbolic, name="attention"))), renderer)
+  # the PROGRAM's kernel AST is empty: this graph is past the kernel stage (its registers and loops are explicit), so
+  # nothing may optimize or lower it again; its LINEAR is complete and any renderer can render it
+  return make_program(UOp(Ops.SINK, dtypes.void, (), sink.arg), device or renderer.device).with_linear(linearize(lowered))
+
+
+_cache: dict[tuple, ProgramUOp] = {}
+
+
+def attention_program(shape: AttentionShape, renderer: Renderer) -> ProgramUOp:
+  """`attention_linear` rendered (cached per renderer kind and shape)."""
+  key = (shape, type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None))
+  if (hit := _cache.get(key)) is None:
+    prg = attention_linear(shape, renderer)
+    hit = _cache[key] = prg.with_source(renderer.render(prg))
+  return hit
+
+
+__all__ = ["AttentionShape", "attention_kernel", "attention_linear", "attention_program"]
