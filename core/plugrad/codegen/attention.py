@@ -129,10 +129,8 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
       if ml: midx = midx + i * S
       ss = [x + mask.index(midx + j0 + c * w).load(dtype=f32.vec(w)) * log2e for c, x in enumerate(ss)]
     if sh.causal:
-      def seen(c: int) -> UOp:
-        ok = [j0 + (c * w + t) <= i for t in range(w)]
-        return ok[0] if w == 1 else UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(ok))
-      ss = [seen(c).where(x, ninf) for c, x in enumerate(ss)]
+      seen = [[j0 + (c * w + t) <= i for t in range(w)] for c in range(nv)]
+      ss = [(ok[0] if w == 1 else UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(ok))).where(x, ninf) for ok, x in zip(seen, ss)]
     ids = REG_IDS + r * (2 + Ev // u)
     m_reg, l_reg = reg(ids, 1), reg(ids + 1, 1)
     acc_regs = [reg(ids + 2 + k, u) for k in range(Ev // u)]
