@@ -117,7 +117,14 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     acc = xs[0]
     for x in xs[1:]: acc = UOp(op, acc.dtype, (acc, x))
     return _hreduce(acc, op)
+  cv = UOp.range(nv, 3, AxisType.REDUCE)
+  def pv(acc: UOp, p: UOp, c: UOp | int, k: int) -> UOp:  # acc + Σ_t p[t]·v[key c·w + t, value chunk k]
+    for t, lane in enumerate(_lanes(p)):
+      vrow = v.index(bh * (S * Ev) + (j0 + c * w + t) * Ev + k * u).load(dtype=dt.vec(u)).cast(f32.vec(u))
+      acc = UOp(Ops.MULACC, acc.dtype, (_bcast(lane, u), vrow, acc))
+    return acc
   updates: list[UOp] = []
+  pv_updates: list[UOp] = []
   regs: list[tuple[UOp, UOp, list[UOp]]] = []  # per row: m, l and the accumulators
   for r, i in enumerate(rows):
     qv = _bcast(q.index(bh * (L * E) + i * E + e).load().cast(f32), w)
@@ -129,9 +136,11 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
       if ml: midx = midx + i * S
       ss = [x + mask.index(midx + j0 + c * w).load(dtype=f32.vec(w)) * log2e for c, x in enumerate(ss)]
     if sh.causal:
-      seen = [[j0 + (c * w + t) <= i for t in range(w)] for c in range(nv)]
-      ss = [(ok[0] if w == 1 else UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(ok))).where(x, ninf) for ok, x in zip(seen, ss)]
-    ids = REG_IDS + r * (2 + Ev // u)
+      # key j0 + c·w + t is seen when c·w + t < i - j0 + 1: one vector comparison per score vector
+      lim = _bcast(i - j0 + 1, w)
+      seen = [(UOp.const(dtypes.index.vec(w), tuple(c * w + t for t in range(w))) if w > 1 else UOp.const(dtypes.index, c)) < lim for c in range(nv)]
+      ss = [ok.where(x, ninf) for ok, x in zip(seen, ss)]
+    ids = REG_IDS + r * (3 + Ev // u) + 1
     m_reg, l_reg = reg(ids, 1), reg(ids + 1, 1)
     acc_regs = [reg(ids + 2 + k, u) for k in range(Ev // u)]
     regs.append((m_reg, l_reg, acc_regs))
@@ -143,13 +152,21 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     corr = (m_old - m_safe).exp2()
     ps = [(x - _bcast(m_safe, w)).exp2() for x in ss]
     updates += [m_reg.store(m_new), l_reg.store(l_old * corr + vmap(Ops.ADD, ps))]
-    pl = [lane for x in ps for lane in _lanes(x)]
+    if nv == 1:
+      for k, areg in enumerate(acc_regs): updates.append(areg.store(pv(state(areg, 0.0, u) * _bcast(corr, u), ps[0], 0, k)))
+      continue
+    # o += P·V over the block: a loop over its nv score vectors (kept in a register array) with the w keys of each
+    # unrolled, not all nv·w keys unrolled (a kernel nv times smaller to lower and compile)
+    p_arr = UOp(Ops.DEFINE_REG, f32.vec(w).ptr(nv, AddrSpace.REG), (), ids - 1)
+    kept = UOp(Ops.GROUP, dtypes.void, tuple(p_arr.index(UOp.const(dtypes.index, c)).store(x) for c, x in enumerate(ps)))
+    # the rescale by corr happens in the first pass: a register is read once per loop body (the linearizer drops a
+    # LOAD's placement sources, so a second read of it in the same block would merge with the first)
+    first = _bcast(cv.eq(0), u)
     for k, areg in enumerate(acc_regs):
-      acc = state(areg, 0.0, u) * _bcast(corr, u)
-      for t in range(W):
-        vrow = v.index(bh * (S * Ev) + (j0 + t) * Ev + k * u).load(dtype=dt.vec(u)).cast(f32.vec(u))
-        acc = UOp(Ops.MULACC, acc.dtype, (_bcast(pl[t], u), vrow, acc))
-      updates.append(areg.store(acc))
+      p_c = UOp(Ops.LOAD, f32.vec(w), (p_arr.index(cv), kept, cv))
+      acc = UOp(Ops.LOAD, f32.vec(u), (areg, areg.store(_bcast(UOp.const(f32, 0.0), u), *ranges_here), cv))
+      pv_updates.append(areg.store(pv(first.where(acc * _bcast(corr, u), acc), p_c, cv, k)))
+  if pv_updates: updates.append(UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(pv_updates)), cv)))
   loop = UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(updates)), jb))
   stores = []
   for i, (m_reg, l_reg, acc_regs) in zip(rows, regs):
