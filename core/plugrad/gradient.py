@@ -180,9 +180,24 @@ def register_kernel_gradient(program: UOp, rule: Callable[[UOp, int, UOp], Grads
   KERNEL_GRADIENTS[program] = rule
 
 
+def kernel_output_origin(after: UOp) -> UOp:
+  """`after` (AFTER(buffer, KERNEL)) with the kernel's written buffers replaced by constants of their shapes (the slot
+  number as the value, so each stays apart): the graph a realized output keeps for its gradient must not hold that
+  output's own buffer (the buffer is the key it is kept under: a cycle that would never be freed). Derivative rules
+  read the KERNEL's inputs only."""
+  k = after.src[1]
+  out = {k.src[slot]: _const(k.src[slot], float(slot)) for slot in k.arg.outs}
+  return UOp(Ops.AFTER, after.dtype, (out.get(after.src[0], after.src[0]), k.replace(src=tuple(out.get(s, s) for s in k.src))))
+
+
 def _kernel_of(u: UOp) -> UOp | None:
   """The KERNEL whose registered derivative `u` (one of its outputs) takes, or None."""
   return u.src[1] if u.op is Ops.AFTER and u.src[1].op is Ops.KERNEL and u.src[1].arg in KERNEL_GRADIENTS else None
+
+
+def is_kernel_output(u: UOp) -> bool:
+  """Whether `u` is an output of a KERNEL whose PROGRAM has a registered derivative."""
+  return _kernel_of(u) is not None
 
 
 def _inputs(u: UOp) -> tuple[UOp, ...]: return k.src if (k := _kernel_of(u)) is not None else u.src

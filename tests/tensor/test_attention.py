@@ -54,9 +54,9 @@ def test_small_broadcast_stays_fused():
 def test_attention_kernels():
   """q.k^T with its scale and mask ends in the matmul's kernel (no separate pass over the scores), the softmax is one
   kernel reading the scores once (its row statistics fused, ROW_FUSE), and the probabilities are computed once per
-  score (not once per output column): three kernels, two score-sized buffers."""
+  score (not once per output column): three kernels, two score-sized buffers (the plain formula, FLASH_ATTENTION=0)."""
   q, k, v, m = T(2, 3, 64, 32), T(2, 3, 64, 32), T(2, 3, 64, 32), T(2, 1, 1, 64)
-  ks = kernels(q.scaled_dot_product_attention(k, v, m))
+  with Context(FLASH_ATTENTION=0): ks = kernels(q.scaled_dot_product_attention(k, v, m))
   assert len(ks) == 3, [it.ast.arg.name for it in ks]
   qk = 2 * 2 * 3 * 64 * 64 * 32
   fl = [int(it.program.estimates.ops) for it in ks]
@@ -156,20 +156,18 @@ def _attention_kernels(t: Tensor) -> list[str]:
   return [u.arg.name for u in t.uop.toposort if u.op is Ops.KERNEL]
 
 
-def test_fused_attention_policy_by_device_and_flag():
-  """FLASH_ATTENTION=2 (default): the CPU keeps the plain formula while the scores are small (its matmuls are faster there)
-  and a device with workgroups (PYTHON emulates one) takes the fused kernel; 1 and 0 force it either way; dropout in
-  training needs the probabilities, so it always takes the plain formula."""
-  def sdpa(device: str, **kw) -> Tensor:
-    q = Tensor(RNG.standard_normal((2, 4, 16, 8)).astype(np.float32), device=device)
+def test_fused_attention_policy_by_flag_and_dropout():
+  """FLASH_ATTENTION=1 (default) takes the fused kernel on every device, 0 the plain formula; dropout in training needs
+  the probabilities in memory, so it takes the plain formula, and so do dtypes the kernel does not take."""
+  def sdpa(device: str, dtype: str = "float32", **kw) -> Tensor:
+    q = Tensor(RNG.standard_normal((2, 4, 16, 8)).astype(dtype), device=device)
     return q.scaled_dot_product_attention(q, q, is_causal=True, **kw)
-  assert _attention_kernels(sdpa("CPU")) == [] and _attention_kernels(sdpa("PYTHON")) == ["flash_attn_8_16_16_8_causal"]
-  with Context(FLASH_ATTENTION=1): assert _attention_kernels(sdpa("CPU")) == ["flash_attn_8_16_16_8_causal"]
-  with Context(FLASH_ATTENTION=0): assert _attention_kernels(sdpa("PYTHON")) == []
-  with Context(FLASH_ATTENTION=1):
-    Tensor.training = True
-    try: assert _attention_kernels(sdpa("CPU", dropout_p=0.1)) == []
-    finally: Tensor.training = False
+  assert _attention_kernels(sdpa("CPU")) == _attention_kernels(sdpa("PYTHON")) == ["flash_attn_8_16_16_8_causal"]
+  with Context(FLASH_ATTENTION=0): assert _attention_kernels(sdpa("CPU")) == _attention_kernels(sdpa("PYTHON")) == []
+  assert _attention_kernels(sdpa("CPU", "float64")) == []
+  Tensor.training = True
+  try: assert _attention_kernels(sdpa("CPU", dropout_p=0.1)) == []
+  finally: Tensor.training = False
 
 
 def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():

@@ -17,6 +17,7 @@ loop after the tile's last row (on devices without workgroups) and masks the blo
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from plugrad.codegen.decompose import decompose
@@ -81,15 +82,32 @@ def _hreduce(x: UOp, op: Ops) -> UOp:
   return x
 
 
+def attention_tiling(shape: AttentionShape, renderer: Renderer) -> tuple[int, int, int, int]:
+  """(R query rows per instance, nv score vectors per key block, w keys per score vector, u values per accumulator
+  vector) for `shape` on `renderer`."""
+  w, u = _pow2_dividing(shape.S, renderer.vector_width), _pow2_dividing(shape.Ev, renderer.vector_width)
+  R = next(r for r in (4, 2, 1) if shape.L % r == 0 and r * (shape.Ev // u) <= MAX_ACC_VECTORS or r == 1)
+  # score vectors per row in one key block: enough independent multiply-add chains (R * nv) to cover the FMA latency
+  nv = next(n for n in (8, 4, 2, 1) if R * n <= MAX_SCORE_VECTORS and shape.S % (n * w) == 0)
+  return R, nv, w, u
+
+
+def causal_keys_read(shape: AttentionShape, renderer: Renderer, i: int) -> int:
+  """How many keys (from the first) the causal kernel reads for query row i: up to the end of the key block holding
+  the last row of i's tile where instances are loop iterations, all of them on a device with workgroups. A key past
+  that is never read, so a nan or inf in its value does not reach the output (the plain formula multiplies it by 0)."""
+  R, nv, w, _ = attention_tiling(shape, renderer)
+  W = nv * w
+  if not shape.causal or renderer.has_local or shape.S // W <= 1: return shape.S
+  return min(shape.S, ((i // R) * R + R - 1) // W * W + W)
+
+
 def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
   """The lowered kernel graph (a SINK) for `shape` on `renderer`'s device. Buffers: 0 out (B*H, L, Ev), 1 lse float32
   (B*H, L), 2 q (B*H, L, E), 3 kᵀ (B*H, E, S), 4 v (B*H, S, Ev), 5 the mask when `shape.mask` (see AttentionShape)."""
   sh, f32, dt = shape, dtypes.float32, shape.dtype
   BH, L, S, E, Ev = sh.B * sh.H, sh.L, sh.S, sh.E, sh.Ev
-  w, u = _pow2_dividing(S, renderer.vector_width), _pow2_dividing(Ev, renderer.vector_width)
-  R = next(r for r in (4, 2, 1) if L % r == 0 and r * (Ev // u) <= MAX_ACC_VECTORS or r == 1)
-  # score vectors per row in one key block: enough independent multiply-add chains (R * nv) to cover the FMA latency
-  nv = next(n for n in (8, 4, 2, 1) if R * n <= MAX_SCORE_VECTORS and S % (n * w) == 0)
+  R, nv, w, u = attention_tiling(shape, renderer)
   W = nv * w
   def glob(slot: int, n: int, d: DType) -> UOp: return UOp(Ops.DEFINE_GLOBAL, d.ptr(n), (), slot)
   out, lse, q, kt, v = glob(0, BH * L * Ev, dt), glob(1, BH * L, f32), glob(2, BH * L * E, dt), glob(3, BH * E * S, dt), glob(4, BH * S * Ev, dt)
@@ -197,9 +215,12 @@ def attention_program(shape: AttentionShape, renderer: Renderer) -> ProgramUOp:
   """`attention_linear` rendered (cached per renderer kind and shape)."""
   key = (shape, type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None))
   if (hit := _cache.get(key)) is None:
+    from plugrad.codegen import codegen_seconds
+    start = time.perf_counter()
     prg = attention_linear(shape, renderer)
     hit = _cache[key] = prg.with_source(renderer.render(prg))
+    codegen_seconds[0] += time.perf_counter() - start
   return hit
 
 
-__all__ = ["AttentionShape", "attention_kernel", "attention_linear", "attention_program"]
+__all__ = ["AttentionShape", "attention_kernel", "attention_linear", "attention_program", "attention_tiling", "causal_keys_read"]

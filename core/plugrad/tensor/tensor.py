@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from plugrad.gradient import is_kernel_output, kernel_output_origin
 from plugrad.helpers import dedup, prod
 from plugrad.tensor import bitcast as bc
 from plugrad.tensor import creation as cr
@@ -63,8 +64,12 @@ def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
       # a tensor's own requires_grad gives it no origin, and a write whose value reads the old contents has none left to
       # differentiate (an optimizer's update of its weights and state)
       srcs = (value,) if value is not node else () if node.op is Ops.DETACH else node.src
-      if any(s in dep for s in srcs) and _base(result) not in value.toposort:
-        _origins[result] = value.substitute({k: v for k, v in mapping.items() if k is not node})
+      # (a precompiled kernel's output is its buffer written in place: that buffer is the write, not an old value read)
+      kernel_out = is_kernel_output(value)
+      reads = [r for r in value.src[1].src if r is not value.src[0]] if kernel_out else [value]
+      if any(s in dep for s in srcs) and not any(_base(result) in r.toposort for r in reads):
+        origin = value.substitute({k: v for k, v in mapping.items() if k is not node})
+        _origins[result] = kernel_output_origin(origin) if kernel_out else origin
   for t in _live_tensors():
     topo = t.uop.toposort
     if any(k in topo for k in mapping): t.uop = t.uop.substitute(mapping)
