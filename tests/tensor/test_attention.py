@@ -11,6 +11,7 @@ from plugrad.engine.schedule import create_schedule
 from plugrad.helpers import Context
 from plugrad.tensor.tensor import Tensor
 from plugrad.uop.ops import Ops
+from plugrad.uop.shape import ShapeError
 
 RNG = np.random.default_rng(7)
 
@@ -165,6 +166,9 @@ def test_fused_attention_policy_by_flag_and_dropout():
   assert _attention_kernels(sdpa("CPU")) == _attention_kernels(sdpa("PYTHON")) == ["flash_attn_8_16_16_8_causal"]
   with Context(FLASH_ATTENTION=0): assert _attention_kernels(sdpa("CPU")) == _attention_kernels(sdpa("PYTHON")) == []
   assert _attention_kernels(sdpa("CPU", "float64")) == []
+  q = T(2, 4, 16, 8)
+  with pytest.raises(ShapeError):  # a mask that does not broadcast gets the plain formula's error, not a fused-path one
+    q.scaled_dot_product_attention(q, q, attn_mask=T(3, 16)).realize()
   Tensor.training = True
   try: assert _attention_kernels(sdpa("CPU", dropout_p=0.1)) == []
   finally: Tensor.training = False

@@ -7,12 +7,15 @@ module writes that kernel directly in the lowered form the codegen's later stage
 explicit loops: what `lower_reduces` produces), and hands it to the same decompose → linearize → render tail as every
 kernel, so each device renders it with its own renderer (CPU C/LLVM, the PYTHON interpreter, WGSL, CUDA, ...).
 
-One program instance owns R query rows of one (batch, head). It walks the keys in blocks of w (the vector width of
-the device): a block's R×w scores are an inner reduction over the head dimension (q broadcast times a vector of the
-transposed keys kᵀ, so no horizontal sums), then per row the block maximum, one rescale of l and o, w probabilities
-in one vector exp2, and o += p·v as w vector multiply-adds per value chunk. Everything is in base 2 (scores scaled
-by log2(e)); `lse` (natural log-sum-exp per row) is written for the backward. A causal kernel stops each tile's key
-loop after the tile's last row (on devices without workgroups) and masks the block that crosses the diagonal.
+One program instance owns R query rows of one (batch, head). It walks the keys in blocks of nv·w (w the device's
+vector width, nv score vectors per row for enough independent multiply-add chains): the block's scores are inner
+reductions over the head dimension (q broadcast times a vector of the transposed keys kᵀ, so no horizontal sums),
+then per row the block maximum, one rescale of l and o, nv vector exp2s, and o += p·v as a loop over the block's
+score vectors with the w keys of each unrolled into vector multiply-adds. Everything is in base 2 (scores scaled by
+log2(e)); `lse` (natural log-sum-exp per row) is written too, for a fused backward (the backward today recomputes
+the probabilities, tensor/attention.py). A causal kernel stops each tile's key loop after the tile's last row (on
+devices without workgroups) and masks the block that crosses the diagonal. docs/optimizer.md, "The fused attention
+kernel".
 """
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ def _mask_layout(mask: Tensor, lead: tuple[int, ...], L: int, S: int) -> tuple[T
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor | None:
   """softmax(q·kᵀ·scale + mask)·v by the fused kernel, or None where it does not apply (the caller computes the plain
-  formula): FLASH_ATTENTION=0, dtypes other than float32/float16/bfloat16 (through float32) or mixed, symbolic or empty shapes. q (..., L, E),
-  k (..., S, E), v (..., S, Ev) with equal leading dims."""
+  formula): FLASH_ATTENTION=0, dtypes other than float32/float16/bfloat16 (through float32) or mixed, symbolic or
+  empty shapes, a mask that does not broadcast. q (..., L, E), k (..., S, E), v (..., S, Ev) with equal leading dims."""
   if FLASH_ATTENTION.value == 0 or q.dtype not in _FUSED_DTYPES or k.dtype is not q.dtype or v.dtype is not q.dtype or q.ndim < 2: return None
   if q.dtype is dtypes.bfloat16:  # through float32 (the kernel computes in float32 anyway; its buffers hold float32 or float16)
     out = fused_attention(q.float(), k.float(), v.float(), mask, causal, scale)
@@ -54,6 +54,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
   qs, vs = tuple(d for d in q.shape if isinstance(d, int)), tuple(d for d in v.shape if isinstance(d, int))  # all ints (above)
   lead, (L, E), (S, Ev) = qs[:-2], qs[-2:], vs[-2:]
   if 0 in (*lead, L, E, S, Ev): return None
+  if mask is not None:  # a mask that does not broadcast to (..., L, S) is the plain formula's error to raise
+    target = (*lead, L, S)
+    if mask.ndim > len(target) or any(d != 1 and d != t for d, t in zip(reversed(mask.shape), reversed(target))): return None
   from plugrad.codegen.attention import AttentionShape, attention_program  # the codegen loads on first use (import stays light)
   from plugrad.device.registry import Device
   dev = Device[q.device]
@@ -62,16 +65,13 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
   m, flags = _mask_layout(mask, lead, L, S) if mask is not None else (None, None)
   shape = AttentionShape(B, H, L, S, E, Ev, q.dtype, flags, causal, scale)
   prg = attention_program(shape, dev.renderer)
-  if prg not in _registered: register_kernel_gradient(prg, _backward_rule(shape)); _registered.add(prg)
+  register_kernel_gradient(prg, _backward_rule(shape))
   from plugrad.tensor.tensor import Tensor
   out = Tensor.empty(B * H, L, Ev, dtype=q.dtype, device=q.device)
   lse = Tensor.empty(B * H, L, dtype=dtypes.float32, device=q.device)
   kt = k.reshape(B * H, S, E).transpose(1, 2).contiguous()
   launch_program(prg, out, lse, q.reshape(B * H, L, E), kt, v.reshape(B * H, S, Ev), *([m] if m is not None else []))
   return out.reshape(*q.shape[:-2], L, Ev)
-
-
-_registered: set[UOp] = set()
 
 
 def _backward_rule(sh: AttentionShape) -> Callable[[UOp, int, UOp], Grads]:
