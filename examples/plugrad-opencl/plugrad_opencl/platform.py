@@ -64,7 +64,22 @@ def scan() -> tuple[tuple[Any, ...], str | None]:
     try: found += p.get_devices()
     except cl.Error: pass  # a platform without devices (DEVICE_NOT_FOUND): the others may have some
   if not found: return (), f"the OpenCL platforms here ({', '.join(p.name for p in platforms) or 'none'}) have no devices; {INSTALL}"
-  return tuple(found), None
+  # a device whose driver cannot build programs is no device: PoCL's LLVM, for one, does not know every new CPU (it
+  # asks for target CPU 'generic' and every build fails)
+  broken = {d: why for d in found if (why := _build_fails(cl, d)) is not None}
+  if len(broken) == len(found):
+    return (), "no OpenCL device here can build programs: " + "; ".join(f"{d.name.strip()}: {why}" for d, why in broken.items())
+  return tuple(d for d in found if d not in broken), None
+
+
+def _build_fails(cl: Any, d: Any) -> str | None:
+  """None when the device's driver builds a one-line kernel, else the first line of its build error."""
+  try:
+    cl.Program(cl.Context(devices=[d]), "__kernel void plugrad_probe(__global float* a) { a[0] = 1.0f; }").build()
+    return None
+  except Exception as e:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith(("clBuildProgram", "Build on", "="))]
+    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 def probe() -> str | None:

@@ -32,3 +32,21 @@ def test_smoke(opencl: str) -> None:
   res = subprocess.run([sys.executable, "-m", "plugrad", "devices", opencl], capture_output=True, text=True)
   assert res.returncode == 0, res.stdout + res.stderr
   assert "PASS" in res.stdout and "computed correctly" in res.stdout
+
+
+def test_probe_leaves_out_a_device_that_cannot_build() -> None:
+  """A driver that fails every build (PoCL's LLVM on a CPU it does not know) makes its device unavailable, with the
+  driver's own first line of the error, not a device whose every kernel then fails."""
+  from plugrad_opencl.platform import _build_fails
+  class Program:
+    def __init__(self, ctx: object, src: str) -> None: self.src = src
+    def build(self) -> None:
+      raise RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\n\nBuild on <pyopencl.Device>:\n\nerror: unknown target CPU 'generic'\n")
+  class Fake:
+    Context = staticmethod(lambda devices: devices)
+  Fake.Program = Program  # type: ignore[attr-defined]
+  assert _build_fails(Fake, object()) == "error: unknown target CPU 'generic'"
+  class Builds(Program):
+    def build(self) -> None: pass
+  Fake.Program = Builds  # type: ignore[attr-defined]
+  assert _build_fails(Fake, object()) is None
