@@ -63,13 +63,17 @@ def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
   return linearize(lowered)
 
 
+def renderer_key(renderer: Renderer) -> tuple:
+  """What makes two renderers give different kernels for one AST: a program cache's key part. `arch`: a GPU backend's
+  target (CUDA sm_80/sm_90, AMD gfx942/gfx1100): one device name, different kernels."""
+  return (type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None))
+
+
 def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None,
                 timer: Callable[[Renderer], CandidateTimer] | None = None) -> ProgramUOp:
   """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST, renderer kind and actions)."""
   if ast.op is not Ops.SINK: raise TypeError(f"get_program needs a kernel AST (a SINK), got {ast.op!r}")
-  # `arch`: a GPU backend's target (CUDA sm_80/sm_90, AMD gfx942/gfx1100): one device name, different kernels
-  key = (ast, type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None),
-         None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
+  key = (ast, *renderer_key(renderer), None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
   if (hit := _cache.get(key)) is not None: return hit
   start = time.perf_counter()
   rec = trace.kernel_begin(ast, renderer, opts) if trace.TRACING else None  # VIZ, process replay (plugrad/trace.py)

@@ -23,6 +23,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from plugrad.codegen import codegen_seconds, renderer_key
 from plugrad.codegen.decompose import decompose
 from plugrad.codegen.linearize import linearize
 from plugrad.codegen.lower import flat_launch_index, lower_reduces, split_ends
@@ -139,7 +140,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     for x in xs[1:]: acc = UOp(op, acc.dtype, (acc, x))
     return _hreduce(acc, op)
   cv = UOp.range(nv, 3, AxisType.REDUCE)
-  def pv(acc: UOp, p: UOp, c: UOp | int, k: int) -> UOp:  # acc + Σ_t p[t]·v[key c·w + t, value chunk k]
+  def pv(acc: UOp, p: UOp, c: UOp, k: int) -> UOp:  # acc + Σ_t p[t]·v[key c·w + t, value chunk k]
     for t, lane in enumerate(_lanes(p)):
       vrow = v.index(bh * (S * Ev) + (j0 + c * w + t) * Ev + k * u).load(dtype=dt.vec(u)).cast(f32.vec(u))
       acc = UOp(Ops.MULACC, acc.dtype, (_bcast(lane, u), vrow, acc))
@@ -173,9 +174,6 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     corr = (m_old - m_safe).exp2()
     ps = [(x - _bcast(m_safe, w)).exp2() for x in ss]
     updates += [m_reg.store(m_new), l_reg.store(l_old * corr + vmap(Ops.ADD, ps))]
-    if nv == 1:
-      for k, areg in enumerate(acc_regs): updates.append(areg.store(pv(state(areg, 0.0, u) * _bcast(corr, u), ps[0], 0, k)))
-      continue
     # o += P·V over the block: a loop over its nv score vectors (kept in a register array) with the w keys of each
     # unrolled, not all nv·w keys unrolled (a kernel nv times smaller to lower and compile)
     p_arr = UOp(Ops.DEFINE_REG, f32.vec(w).ptr(nv, AddrSpace.REG), (), ids - 1)
@@ -187,7 +185,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
       p_c = UOp(Ops.LOAD, f32.vec(w), (p_arr.index(cv), kept, cv))
       acc = UOp(Ops.LOAD, f32.vec(u), (areg, areg.store(_bcast(UOp.const(f32, 0.0), u), *ranges_here), cv))
       pv_updates.append(areg.store(pv(first.where(acc * _bcast(corr, u), acc), p_c, cv, k)))
-  if pv_updates: updates.append(UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(pv_updates)), cv)))
+  updates.append(UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(pv_updates)), cv)))
   loop = UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(updates)), jb))
   stores = []
   for i, (m_reg, l_reg, acc_regs) in zip(rows, regs):
@@ -216,9 +214,8 @@ _cache: dict[tuple, ProgramUOp] = {}
 
 def attention_program(shape: AttentionShape, renderer: Renderer) -> ProgramUOp:
   """`attention_linear` rendered (cached per renderer kind and shape)."""
-  key = (shape, type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None))
+  key = (shape, *renderer_key(renderer))
   if (hit := _cache.get(key)) is None:
-    from plugrad.codegen import codegen_seconds
     start = time.perf_counter()
     prg = attention_linear(shape, renderer)
     hit = _cache[key] = prg.with_source(renderer.render(prg))

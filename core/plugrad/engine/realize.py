@@ -113,8 +113,8 @@ def realize(*uops: UOp) -> dict[UOp, UOp]:
   with ENGINE_LOCK:
     items, becomes = create_schedule(*uops)
     run_schedule(items)
-  # a precompiled kernel wrote all its outputs: the ones not asked for are realized too (a graph that reads one later,
-  # as a fused attention's backward reads its log-sum-exp, must not launch the kernel again)
+  # a precompiled kernel wrote all its outputs: the ones not asked for are realized too (a graph that reads one of them
+  # later must not launch the kernel again)
   for u in [u for u in becomes if u.op is Ops.AFTER and u.src[1].op is Ops.KERNEL]:
     k = u.src[1]
     for slot in k.arg.outs: becomes.setdefault(UOp(Ops.AFTER, k.src[slot].dtype, (k.src[slot], k)), k.src[slot])

@@ -9,6 +9,7 @@ import pytest
 
 from plugrad.device.registry import Device
 from plugrad.dtype import dtypes
+from plugrad.engine import schedule as _schedule  # noqa: F401  (registers ROW_FUSE for Context(ROW_FUSE=...) when run alone)
 from plugrad.tensor.tensor import Tensor
 from plugrad.testing.test_tensor_nn import _np_softmax, check, np_sdpa, rand
 from plugrad.uop.ops import Ops
