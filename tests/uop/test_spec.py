@@ -183,6 +183,14 @@ def test_kernel_rejects_bad_memory_ops():
   rejects("kernel", glob(0).index(idx).store(UOp(Ops.LOAD, i32, (glob(1).index(idx),))).sink(), "LOAD must have the pointer's element dtype")
   two = glob(0).index(idx).store(const(f32, 1.0)).sink(glob(0, dtypes.int32).index(idx).store(const(i32, 1)))
   rejects("kernel", two, "two DEFINE_GLOBALs share slot 0")
+  # an atomic add (STORE arg Ops.ADD) is one non-bool scalar into global or local memory
+  add = glob(0).index(idx)
+  check("kernel", UOp(Ops.STORE, void, (add, const(f32, 1.0)), Ops.ADD).sink())
+  rejects("kernel", UOp(Ops.STORE, void, (add, const(f32, 1.0)), Ops.MUL).sink(), "STORE arg must be None or Ops.ADD")
+  rejects("kernel", UOp(Ops.STORE, void, (add.cast(f32.vec(2).ptr(16)), UOp.const(f32.vec(2), (1.0, 2.0))), Ops.ADD).sink(),
+          "an atomic STORE (arg Ops.ADD) adds one non-bool scalar")
+  reg = UOp(Ops.DEFINE_REG, f32.ptr(1, AddrSpace.REG), (), 0).index(idx)
+  rejects("kernel", UOp(Ops.STORE, void, (reg, const(f32, 1.0)), Ops.ADD).sink(), "into global or local memory")
   r = UOp.range(4, 0)
   rejects("kernel", UOp(Ops.END, void, (glob(0).index(r).store(const(f32, 1.0)), const(dtypes.index, 1))).sink(),
           "END sources after the effect must be RANGEs")

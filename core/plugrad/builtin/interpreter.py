@@ -218,6 +218,8 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
     if not n or not isinstance(sd[0], PtrDType): return f"{op.name} needs a pointer first"
     val = dt if op is Ops.LOAD else sd[1] if n == 2 else dtypes.void
     if op is Ops.STORE and (n != 2 or dt is not dtypes.void): return "STORE needs (pointer, value) and dtype void"
+    if op is Ops.STORE and arg is not None and (arg is not Ops.ADD or sd[1].count != 1 or sd[1] is dtypes.bool or sd[0].addrspace is AddrSpace.REG):
+      return "an atomic STORE (arg Ops.ADD) adds one non-bool scalar into global or local memory"
     if not _is_value(val) or val.scalar() is not sd[0].base.scalar(): return f"{op.name} value must have the pointer's element type"
     if op is Ops.LOAD and not all(d is dtypes.void for d in sd[2 if n > 1 and sd[1] is not dtypes.void else 1:]): return "LOAD takes (pointer[, alt])"
     return "LOAD alt must have the load's dtype" if op is Ops.LOAD and n > 1 and sd[1] is not dtypes.void and sd[1] is not dt else None
@@ -411,6 +413,11 @@ class _Launch:
     addr, active = self.access(pc, ptr, width, "STORE")
     mem = ptr.mem
     val = np.broadcast_to(val.reshape(self.T, width), (self.T, width))
+    if l.arg is Ops.ADD:  # atomic: every thread's add lands, in any order; atomics never race with each other
+      if active is not None: addr, val = addr[active], val[active]
+      np.add.at(mem.arr, addr.reshape(-1), val.reshape(-1))
+      if mem.init is not None: mem.init[addr] = True
+      return
     if mem.writer is not None and mem.reader is not None:
       self.check_race(pc, mem, addr, active, mem.reader, "writes", "read")
       self.check_race(pc, mem, addr, active, mem.writer, "writes", "written", val)

@@ -94,6 +94,8 @@ class PythonRenderer(Renderer):
   nan_max = True  # numpy's maximum: nan wins
   full_pow = True  # numpy's power
   native_math = GroupOp.Transcendental  # numpy's
+  # numpy's add.at: every dtype but bool and bfloat16 (whose memory here is uint16 bits, docs/writing-a-backend.md)
+  atomic_add = frozenset({dtypes.float16, dtypes.float32, dtypes.float64, *dtypes.ints})
 
   def __init__(self, device: str, emulate: str | None = None):
     super().__init__(device)

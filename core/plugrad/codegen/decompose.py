@@ -296,7 +296,8 @@ def _split_load(x: UOp) -> UOp | None:
 def _split_store(x: UOp) -> UOp | None:
   if (lanes := _lanes(x.src[0])) == [x.src[0]]: return None
   per = x.src[1].dtype.count // len(lanes)
-  return UOp(Ops.GROUP, dtypes.void, tuple(ln.store(x.src[1].gep(tuple(range(j * per, (j + 1) * per))), *x.src[2:]) for j, ln in enumerate(lanes)))
+  return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (ln, x.src[1].gep(tuple(range(j * per, (j + 1) * per))), *x.src[2:]), x.arg)
+                                           for j, ln in enumerate(lanes)))
 
 
 def _is_address_vector(u: UOp) -> bool:

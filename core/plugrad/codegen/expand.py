@@ -196,9 +196,10 @@ class _Vectorizer:
       ix, val = u.src[0], u.src[1]
       gate = ix.src[2] if len(ix.src) > 2 else None
       vval = self.vec_or_bcast(val)
-      if (gate is None or gate not in self.dep) and (base := _contiguous(ix.src[1], self.v)) is not None:
+      # an atomic add (arg Ops.ADD) is one scalar per lane: no device adds a vector atomically
+      if u.arg is None and (gate is None or gate not in self.dep) and (base := _contiguous(ix.src[1], self.v)) is not None:
         return UOp(Ops.STORE, dtypes.void, (ix.replace(src=(ix.src[0], base, *ix.src[2:])), vval))
-      return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (lx, vval.gep(c))) for c, lx in enumerate(self.lanes(ix))))
+      return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (lx, vval.gep(c)), u.arg) for c, lx in enumerate(self.lanes(ix))))
     if u.op is Ops.GROUP: return UOp(Ops.GROUP, dtypes.void, tuple(self.vec(s) for s in u.src))
     if u.op is Ops.REDUCE: return UOp(Ops.REDUCE, u.dtype.vec(w), (self.vec_or_bcast(u.src[0]), *u.src[1:]), u.arg)
     if u.op is Ops.UNROLL: return UOp(Ops.UNROLL, u.dtype.vec(w), tuple(self.vec_or_bcast(s) for s in u.src))

@@ -60,6 +60,10 @@ class Renderer(abc.ABC):
   # the conformance suite's emulate tier; None: the one named like the device, if any. A device whose architectures
   # differ (AMD: RDNA3 WMMA is "AMD", CDNA3 MFMA "AMD_MFMA") names the one its renderer targets.
   emulate_target: str | None = None
+  # The scalar dtypes whose atomic add the renderer emits: a STORE with arg Ops.ADD (`*p += v`, one read-add-write no
+  # other thread's add can interleave). A scatter-add (`index_add`, an embedding's gradient) is then one parallel loop
+  # over all of its positions; without it, a serial loop along the indexed axis (docs/ir.md "SCATTER").
+  atomic_add: frozenset[DType] = frozenset()
 
   def __init__(self, device: str):
     if not isinstance(device, str) or not device: raise RendererError(f"a Renderer needs the device name as a non-empty str, got {device!r}")
@@ -98,6 +102,9 @@ class Renderer(abc.ABC):
     for flag, cap in ((self.has_local, "locals"), (self.has_shared, "shared"), (bool(self.tensor_cores), "tensor_cores")):
       if flag != (cap in self.capabilities): raise RendererError(f"{who}: capability {cap!r} must be claimed exactly when the device has it")
     if self.has_shared and not self.has_local: raise RendererError(f"{who}: shared memory needs workgroups (has_local)")
+    if not isinstance(self.atomic_add, frozenset) or not all(isinstance(d, DType) and d.count == 1 and not isinstance(d, PtrDType)
+                                                               and d is not dtypes.bool for d in self.atomic_add):
+      raise RendererError(f"{who}.atomic_add must be a frozenset of scalar non-bool dtypes, got {self.atomic_add!r}")
     return self
 
 

@@ -474,8 +474,17 @@ class CStyleRenderer(Renderer):
       v = f"({p.gate}?{v}:{zero})"
     self._define(i, u, v)
 
+  def render_atomic_add(self, p: Ptr, value: str) -> str:
+    """The statement that adds `value` to the element at `p` atomically (a STORE with arg Ops.ADD; `p.elem` is one of
+    the renderer's `atomic_add` dtypes; `&{self._address(p, p.elem)}` is its address). The gate is added around it."""
+    raise RendererError(f"{self.device}: this renderer declares no atomic add (Renderer.atomic_add), got one of {p.elem!r}")
+
   def _store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]
+    if u.arg is Ops.ADD:
+      if p.elem not in self.atomic_add: raise RendererError(f"{self.device}: no atomic add of {p.elem!r} (Renderer.atomic_add)")
+      st = self.render_atomic_add(p, self.r[val])
+      return self.line(st if p.gate is None else f"if ({p.gate}) {st}")
     v = self.r[val] if p.var else self.convert(self.r[val], val.dtype if val.dtype.count > 1 else p.elem, True)
     st = f"{self._address(p, val.dtype)} = {v};"
     self.line(st if p.gate is None or (p.var and val.dtype.count > 1) else f"if ({p.gate}) {st}")

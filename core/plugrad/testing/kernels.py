@@ -474,9 +474,36 @@ def flash_attention(r: Renderer) -> SuiteKernel:
                      rtol=1e-4, atol=1e-5, build=lambda device, rr: attention_linear(sh, rr, device))
 
 
+def atomic_add(dt: DType) -> Callable[[Renderer], SuiteKernel]:
+  def build(r: Renderer) -> SuiteKernel:
+    """Atomic adds that collide: 123 positions add a[i] into out[i % 5] (a STORE with arg Ops.ADD) in parallel: 4
+    workgroups of 32 threads with a gated tail where the device has workgroups, else one loop the CPU splits among its
+    threads. Small integers, so any order of the adds gives the exact sums."""
+    n, slots, groups, lsz = 123, 5, 4, 32
+    k = LinearBuilder()
+    out, a = k.glob(0, dt, slots), k.glob(1, dt, groups * lsz)
+    if r.has_local:
+      g = k.emit(UOp(Ops.SPECIAL, I32, (k.const(I32, groups),), "gidx0"))
+      li = k.emit(UOp(Ops.SPECIAL, I32, (k.const(I32, lsz),), "lidx0"))
+      i, loop = k.alu(Ops.ADD, k.alu(Ops.MUL, g, k.const(I32, lsz)), li), None
+    else: i = loop = k.range(groups * lsz, 0)
+    ok = k.alu(Ops.CMPLT, i, k.const(I32, n))
+    at = UOp(Ops.INDEX, out.dtype, (out, k.alu(Ops.MOD, i, k.const(I32, slots)), ok))
+    k.emit(UOp(Ops.STORE, dtypes.void, (at, k.load(a, i, gate=ok)), Ops.ADD))
+    if loop is not None: k.end(loop)
+    x = (np.arange(groups * lsz) % 7 - (0 if dtypes.is_unsigned(dt) else 3)).astype(np_dtype(dt))
+    base = np.arange(slots).astype(np_dtype(dt))
+    want = base.copy()
+    np.add.at(want, np.arange(n) % slots, x[:n])
+    return SuiteKernel(f"atomic_add_{dname(dt)}", k.linear, {0: base, 1: x}, {0: want}, {0: slots, 1: groups * lsz}, {0: dt, 1: dt},
+                       _dtype_needs(dt) | ({"locals"} if r.has_local else frozenset()))
+  return build
+
+
 def device_kernels(renderer: Renderer) -> dict[str, Callable[[Renderer], SuiteKernel]]:
-  """The tensor-core kernels a renderer declares."""
-  return {f"wmma-{tc.name}": tensor_core(tc) for tc in renderer.tensor_cores}
+  """The kernels of what a renderer declares: its tensor cores, its atomic adds."""
+  return {**{f"wmma-{tc.name}": tensor_core(tc) for tc in renderer.tensor_cores},
+          **{f"atomic-add-{dname(dt)}": atomic_add(dt) for dt in sorted(renderer.atomic_add, key=dname)}}
 
 
 # ---- helpers for a backend's own tests (hand-built kernels beyond the suite)

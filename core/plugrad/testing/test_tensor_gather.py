@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import plugrad.nn as nn
+from plugrad.device.registry import Device
+from plugrad.engine.schedule import SCATTER_ATOMIC
+from plugrad.helpers import Context
 from plugrad.tensor.tensor import Tensor
 from plugrad.testing.test_tensor_nn import check, rand
 from plugrad.uop.ops import Ops, UOp
@@ -146,3 +149,28 @@ def test_embedding_backward_is_a_scatter_not_a_product(run_device):
   assert not any(u.op is Ops.REDUCE for a in asts for u in a.toposort)
   stores = [u for a in asts for u in a.toposort if u.op is Ops.STORE and any(x.op is Ops.LOAD for x in u.src[0].src[1].toposort)]
   assert stores, "the gradient must be an indexed store (scatter-add)"
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_scatter_add_serial_and_atomic_forms(run_device, mode):
+  """SCATTER_ATOMIC=0: the serial loop along the indexed axis (plain read-add-writes); 2: one parallel loop of atomic
+  adds (STORE arg Ops.ADD) where the renderer declares them. Both give an embedding's gradient, collisions and an
+  out-of-range id included, and an int32 1-d index_add (counts into 4 bins from 300 positions)."""
+  atomic = mode == 2 and Device[run_device].renderer.atomic_add
+  assert SCATTER_ATOMIC.value in (0, 1, 2)
+  with Context(SCATTER_ATOMIC=mode):
+    W = Tensor(w := rand(20, 6), device=run_device, requires_grad=True)
+    ids = RNG.integers(0, 20, (5, 9)).astype(np.int32)
+    ids[:, :4], ids[0, 5] = 3, 25  # one row hit 20 times; 25 reads 0 and gets no gradient
+    g = RNG.standard_normal((5, 9, 6)).astype(np.float32)
+    (grad,) = (W[Tensor(ids, device=run_device)] * Tensor(g, device=run_device)).sum().gradient(W)
+    stores = [u for a in _kernels(grad) for u in a.toposort if u.op is Ops.STORE and any(x.op is Ops.LOAD for x in u.src[0].src[1].toposort)]
+    assert stores and all((u.arg is Ops.ADD) == bool(atomic) for u in stores)
+    want = np.zeros_like(w)
+    ok = ids < 20
+    np.add.at(want, ids[ok], g[ok])
+    np.testing.assert_allclose(grad.numpy(), want, rtol=1e-5, atol=1e-5)
+    bins = RNG.integers(0, 4, 300).astype(np.int32)
+    counts = Tensor.zeros(4, dtype="int32", device=run_device).contiguous().scatter_reduce(
+      0, Tensor(bins, device=run_device), Tensor.ones(300, dtype="int32", device=run_device), "sum")
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(bins, minlength=4))

@@ -317,7 +317,15 @@ def _load(u: UOp) -> str | None:
 def _store(u: UOp) -> str | None:
   if len(u.src) != 2 or not isinstance(p := u.src[0].dtype, PtrDType): return "STORE needs sources (pointer, value)"
   if not _is_value(u.src[1].dtype) or u.src[1].dtype.scalar() is not p.base.scalar(): return "STORE value must have the pointer's element dtype"
+  if u.arg is not None and (err := _atomic_store(u.arg, p, u.src[1].dtype)): return err
   return None if u.dtype is dtypes.void else "STORE has dtype void"
+
+
+def _atomic_store(arg: object, p: PtrDType, val: DType) -> str | None:
+  """STORE arg: None (a plain write) or Ops.ADD (an atomic add of one scalar into global or workgroup memory)."""
+  if arg is not Ops.ADD: return f"STORE arg must be None or Ops.ADD (an atomic add), got {arg!r}"
+  ok = val.count == 1 and val is not dtypes.bool and p.addrspace is not AddrSpace.REG
+  return None if ok else "an atomic STORE (arg Ops.ADD) adds one non-bool scalar into global or local memory"
 
 
 def _reduce(u: UOp) -> str | None:

@@ -33,6 +33,7 @@ from plugrad.backend import (
   CStyleRenderer,
   DType,
   Ops,
+  Ptr,
   RendererError,
   UOp,
   dtypes,
@@ -81,6 +82,8 @@ class HIPRenderer(CStyleRenderer):
   helper_prefix = DEVICE_FN
   barrier = BARRIER
   type_map = {**CStyleRenderer.type_map, dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
+  # clang's __hip_atomic_fetch_add (no ROCm headers here, so no atomicAdd): global atomics for these on every arch
+  atomic_add = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 
   def __init__(self, device: str, arch: str = "gfx942"):
     super().__init__(device)
@@ -94,6 +97,9 @@ class HIPRenderer(CStyleRenderer):
     self.validate()
 
   def __repr__(self) -> str: return f"<HIPRenderer {self.device} {self.arch}>"
+
+  def render_atomic_add(self, p: Ptr, value: str) -> str:
+    return f"__hip_atomic_fetch_add(&{self._address(p, p.elem)}, {value}, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);"
 
   # ---- types
   def compute_dtype(self, dt: DType) -> DType: return dtypes.float32 if dt is dtypes.bfloat16 else dt

@@ -510,7 +510,11 @@ exit:
   def store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]
     d = val.dtype if val.dtype.count > 1 else p.elem
-    def write() -> None: self.line(f"store {mtype(d)} {self.to_memory(self.v[val], d)}, ptr {self.address(p)}, align {p.elem.itemsize}")
+    def write() -> None:
+      if u.arg is not Ops.ADD: return self.line(f"store {mtype(d)} {self.to_memory(self.v[val], d)}, ptr {self.address(p)}, align {p.elem.itemsize}")
+      if p.elem not in self.r.atomic_add: raise RendererError(f"{self.r.device}: no atomic add of {p.elem!r} (Renderer.atomic_add)")
+      op = "add" if dtypes.is_int(d) else "fadd"
+      self.emit(f"atomicrmw {op} ptr {self.address(p)}, {mtype(d)} {self.v[val]} monotonic, align {p.elem.itemsize}")
     if p.gate is None: return write()
     yes, join = self.label("store"), self.label("stored")
     self.line(f"br i1 {p.gate}, label %{yes}, label %{join}")

@@ -54,7 +54,7 @@ def _has_llvmlite() -> bool:
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 100: the default device once installed, unless a GPU plugin (200) is available
   # count=1: the host is one device (all its cores); CPU:1 and up are refused (API 2.1)
-  return [DeviceSpec(NAME, api=(2, 1), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
+  return [DeviceSpec(NAME, api=(2, 2), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
                      "compiler (clang/gcc), run on host threads", count=1)]
 
 

@@ -13,7 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugrad.backend import AddrSpace, AxisType, CStyleRenderer, DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes
+from plugrad.backend import (
+  AddrSpace,
+  AxisType,
+  CStyleRenderer,
+  DType,
+  GroupOp,
+  Ops,
+  Ptr,
+  PtrDType,
+  Renderer,
+  RendererError,
+  UOp,
+  c_identifier,
+  dtypes,
+)
 
 # CPUProgram runs a kernel on several threads when its source contains this text (the LLVM renderer writes it as a comment too)
 PARALLEL_MARK = "/* plugrad-cpu: parallel loop, split across core_count threads */"
@@ -51,6 +65,7 @@ class CPUMath(Renderer):
   scalar code the arithmetic measured 5x slower through LLVM."""
   native_math = GroupOp.Transcendental
   full_pow = True  # libm's pow
+  atomic_add = frozenset({dtypes.float32, dtypes.float64, *dtypes.ints})  # lock-prefixed instructions (floats: compare-exchange loops)
 
   def math_is_native(self, op: Ops, dtype: DType) -> bool:
     return op in self.native_math and not (op is Ops.EXP2 and dtype.count > 1 and dtype.scalar() is dtypes.float32)
@@ -72,6 +87,19 @@ class CPURenderer(CPUMath, CStyleRenderer):
   def __repr__(self) -> str:
     return (f"<CPURenderer {self.device}: float16 {'native' if self.native_float16 else 'emulated'}, "
             f"bfloat16 {'native' if self.native_bfloat16 else 'emulated'}, {self.vector_width}-wide float vectors>")
+
+  def render_atomic_add(self, p: Ptr, value: str) -> str:
+    ptr, dt = f"&{self._address(p, p.elem)}", p.elem
+    if dtypes.is_int(dt): return f"__atomic_fetch_add({ptr}, {value}, __ATOMIC_RELAXED);"
+    # GCC's atomic float `+=` brackets its loop with fenv calls (feholdexcept): the exchange on the bits does without
+    t, bits = self.tname(dt), "unsigned int" if dt.itemsize == 4 else "unsigned long long"
+    fn = f"atomic_add_{t}"
+    self.need(fn, f"""static inline void {fn}({t} *p, {t} v) {{
+  union {{ {t} f; {bits} u; }} old, add;
+  old.u = __atomic_load_n(({bits} *)p, __ATOMIC_RELAXED);
+  do add.f = old.f + v; while (!__atomic_compare_exchange_n(({bits} *)p, &old.u, add.u, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}}""")
+    return f"{fn}({ptr}, {value});"
 
   # ---- types
   def compute_dtype(self, dt: DType) -> DType:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugrad.backend import CUDA_TENSOR_CORES, CStyleRenderer, DType, Ops, RendererError, UOp, dtypes, find_tensor_core, prod
+from plugrad.backend import CUDA_TENSOR_CORES, CStyleRenderer, DType, Ops, Ptr, RendererError, UOp, dtypes, find_tensor_core, prod
 
 _XYZW = "xyzw"
 # CUDA's built-in vector types by the memory dtype of their elements (`float4`, `ushort4`, ...: aligned to their size)
@@ -61,6 +61,8 @@ class CUDARenderer(CStyleRenderer):
   helper_prefix = DEVICE_FN
   barrier = "__syncthreads();"
   type_map = {**CStyleRenderer.type_map, dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short"}
+  # atomicAdd's overloads (double from sm_60; 64-bit integers through the unsigned long long one: two's complement)
+  atomic_add = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 
   def __init__(self, device: str, arch: str = "sm_80"):
     super().__init__(device)
@@ -176,6 +178,11 @@ class CUDARenderer(CStyleRenderer):
     if p.var or (nat := self._native_vector(u.src[0], val.dtype)) is None: return super()._store(u)
     st = f"{self._native_access(nat, val.dtype, False)}({p.base}+{p.idx if p.idx is not None else 0}, {self.convert(self.r[val], val.dtype, True)});"
     self.line(st if p.gate is None else f"if ({p.gate}) {st}")
+
+  def render_atomic_add(self, p: Ptr, value: str) -> str:
+    at = f"&{self._address(p, p.elem)}"
+    if p.elem in (dtypes.int64, dtypes.uint64): return f"atomicAdd((unsigned long long*){at}, (unsigned long long){value});"
+    return f"atomicAdd({at}, {value});"
 
   def render_special(self, u: UOp, size: str) -> str:
     return f"(({self.tname(u.dtype)}){'blockIdx' if u.arg.startswith('g') else 'threadIdx'}.{_XYZW[int(u.arg[-1])]})"

@@ -57,7 +57,7 @@ def language() -> str:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 200: an available Apple GPU is the default device over the CPU (100)
-  return [DeviceSpec(NAME, api=(2, 0), priority=200, probe=probe, aliases=("MTL",),
+  return [DeviceSpec(NAME, api=(2, 2), priority=200, probe=probe, aliases=("MTL",),
                      description="Metal Shading Language kernels on Apple GPUs (pyobjc); off macOS rendered and syntax-checked only")]
 
 

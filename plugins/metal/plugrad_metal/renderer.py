@@ -47,6 +47,7 @@ from plugrad.backend import (
   CStyleRenderer,
   DType,
   Ops,
+  Ptr,
   RendererError,
   UOp,
   dtypes,
@@ -90,6 +91,7 @@ class MetalRenderer(CStyleRenderer):
   type_map = {**CStyleRenderer.type_map, **_NAMES}
   tensor_cores = METAL_TENSOR_CORES
   full_pow = False  # MSL's pow is undefined for a negative base: the shared pass spells C's cases out
+  atomic_add = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})  # atomic_float from MSL 3.0; no 64-bit atomic add
 
   def __init__(self, device: str, language: str = "3.1"):
     super().__init__(device)
@@ -207,6 +209,10 @@ class MetalRenderer(CStyleRenderer):
       return f"{self.tname(mdt)}(*{ptr})" if const else f"*{ptr}"
     if not const: raise RendererError(f"METAL: a {mdt!r} vector store must be written lane by lane")
     return self.render_vectorize(mdt, [f"{p.base}[{idx}+{k}]" for k in range(dt.count)])  # no packed type: the lanes
+
+  def render_atomic_add(self, p: Ptr, value: str) -> str:
+    space, kind = self._space.get(p.base, "device"), {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "uint"}[p.elem]
+    return f"atomic_fetch_add_explicit(({space} atomic_{kind}*)&{self._address(p, p.elem)}, {value}, memory_order_relaxed);"
 
   def _store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]

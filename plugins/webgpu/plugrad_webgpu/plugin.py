@@ -17,7 +17,7 @@ def probe() -> str | None:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 50: below CPU (100) when both are installed; a real GPU adapter is still slower to reach than the host here
-  return [DeviceSpec(NAME, api=(2, 0), priority=50, probe=probe, aliases=("WGPU",),
+  return [DeviceSpec(NAME, api=(2, 2), priority=50, probe=probe, aliases=("WGPU",),
                      description="WGSL compute shaders through wgpu-native (any WebGPU adapter, Mesa's software rasterizer included)")]
 
 

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from plugrad.backend import PURE, DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, dtypes, linear_parts, use_analysis
+from plugrad.backend import PURE, DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, define_of, dtypes, linear_parts, use_analysis
 from plugrad_webgpu.context import Limits
 from plugrad_webgpu.wgsl import DEPENDS, HELPERS, PACKED, UNSUPPORTED, bits_of, identifier, literal, scalar_type, vector_type
 
@@ -44,6 +44,8 @@ class WGSLRenderer(Renderer):
   has_local = has_shared = True
   supports_float4 = False
   native_math = GroupOp.Transcendental  # WGSL's exp2, log2, sin (the conformance suite holds them to its float32 tolerances)
+  # WGSL's atomicAdd on atomic<i32>/<u32>; float32 as a compare-exchange loop on its bits in an atomic<u32>
+  atomic_add = frozenset({dtypes.int32, dtypes.uint32, dtypes.float32})
 
   def __init__(self, device: str, limits: Limits, float16: bool, adapter: str = "the adapter"):
     super().__init__(device)
@@ -73,7 +75,7 @@ class Mem:
   kind: str
   dtype: DType          # the scalar element dtype
   packed: bool = False  # elements packed into u32 words (8/16-bit dtypes in storage buffers)
-  atomic: bool = False  # the words are atomic<u32> (the kernel writes this packed buffer)
+  atomic: bool = False  # the words are atomic<u32> (the kernel writes this packed buffer), or atomic (it adds to it atomically)
 
 
 @dataclass(frozen=True)
@@ -170,10 +172,10 @@ class _Kernel:
     for u in buffers:
       dt = u.dtype.base.scalar()
       packed = self.packed(dt)
-      mem = Mem(f"data{u.arg}", "global", dt, packed, packed and u in self.written)
+      mem = Mem(f"data{u.arg}", "global", dt, packed, packed and u in self.written or u in self.added)
       self.names.add(mem.name)
       self.ptrs[u] = Ptr(mem, "", None)
-      elem = ("atomic<u32>" if mem.atomic else "u32") if packed else self.st(dt)
+      elem = ("atomic<u32>" if mem.atomic else "u32") if packed else f"atomic<{self._word(dt)}>" if mem.atomic else self.st(dt)
       self.decls.append(f"@group(0) @binding({u.arg}) var<storage, read_write> {mem.name}: array<{elem}>;")
     fields = (["g: vec3<u32>"] if fold else []) + [f"{self.var_name(v)}: i32" for v in variables]
     if fields:
@@ -217,6 +219,7 @@ class _Kernel:
   def _analyze(self) -> None:
     """Use counts and the block of each use (to inline single-use values), and the buffers the kernel writes."""
     self.uses, self.inline, self.written = use_analysis(self.uops)
+    self.added = {b for u in self.uops if u.op is Ops.STORE and u.arg is Ops.ADD and (b := define_of(u.src[0])) is not None}
 
   def _define(self, i: int, u: UOp, expr: str) -> None:
     if u in self.inline: self.r[u] = expr
@@ -356,12 +359,35 @@ class _Kernel:
       self.ptrs[u] = Ptr(src.mem, ix if not src.idx else f"({src.idx} + {ix})", g)
 
   def _read(self, mem: Mem, idx: str) -> str:
+    if mem.atomic and not mem.packed: return self._from_word(f"atomicLoad(&{mem.name}[{idx}])", mem.dtype)
     if not mem.packed: return f"{mem.name}[{idx}]"
     return self.from_bits(f"{self._packed_helper(mem, 'ld')}({idx})", mem.dtype)
 
   def _write(self, mem: Mem, idx: str, v: str) -> str:
+    if mem.atomic and not mem.packed: return f"atomicStore(&{mem.name}[{idx}], {self._to_word(v, mem.dtype)});"
     if not mem.packed: return f"{mem.name}[{idx}] = {v};"
     return f"{self._packed_helper(mem, 'st')}({idx}, {self.to_bits(v, mem.dtype)});"
+
+  # a 32-bit buffer the kernel adds to atomically holds atomic words: i32 for int32, u32 (the bits) for the others
+  def _word(self, dt: DType) -> str: return "i32" if dt is dtypes.int32 else "u32"
+  def _to_word(self, v: str, dt: DType) -> str: return v if dt in (dtypes.int32, dtypes.uint32) else f"bitcast<u32>({v})"
+  def _from_word(self, w: str, dt: DType) -> str: return w if dt in (dtypes.int32, dtypes.uint32) else f"bitcast<{self.st(dt)}>({w})"
+
+  def _atomic_add(self, mem: Mem, idx: str, v: str) -> str:
+    if mem.kind != "global" or mem.dtype not in self.ren.atomic_add:
+      raise RendererError(f"WEBGPU: no atomic add of {mem.dtype!r} into {mem.kind} memory (kernel {self.name!r})")
+    if mem.dtype is not dtypes.float32: return f"atomicAdd(&{mem.name}[{idx}], {v});"
+    # per buffer, as _packed_helper: WGSL cannot pass a pointer into a storage buffer to a function
+    name = f"pg_add_{mem.name}"
+    self.need(name, f"""fn {name}(i: i32, v: f32) {{
+  var old = atomicLoad(&{mem.name}[i]);
+  loop {{
+    let r = atomicCompareExchangeWeak(&{mem.name}[i], old, bitcast<u32>(bitcast<f32>(old) + v));
+    if (r.exchanged) {{ break; }}
+    old = r.old_value;
+  }}
+}}""")
+    return f"{name}({idx}, {v});"
 
   def _packed_helper(self, mem: Mem, kind: str) -> str:
     """Per-buffer load/store of element `i` of a packed buffer (WGSL cannot pass a pointer to a storage buffer to a function)."""
@@ -390,7 +416,8 @@ class _Kernel:
   def _store(self, u: UOp) -> None:
     p, val = self.ptrs[u.src[0]], u.src[1]
     for j in range(val.dtype.count):
-      st = self._write(p.mem, self._element(p, j), self.gep(self.r[val], val.dtype, j))
+      idx, v = self._element(p, j), self.gep(self.r[val], val.dtype, j)
+      st = self._atomic_add(p.mem, idx, v) if u.arg is Ops.ADD else self._write(p.mem, idx, v)
       self.line(st if p.gate is None else f"if ({p.gate}) {{ {st} }}")
 
 
