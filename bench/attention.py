@@ -35,19 +35,21 @@ def one(name: str, B: int, H: int, L: int, E: int, kind: str, reps: int, backwar
     import torch
     q, k, v = (torch.randn(B, H, L, E, requires_grad=backward) for _ in range(3))
     m = (torch.rand(B, 1, 1, L) > 0.1) if kind == "pad" else None
+    g = torch.randn(B, H, L, E)
     def step() -> None:
       o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=kind == "causal")
-      if backward: o.sum().backward()
+      if backward: o.backward(g)
     with torch.set_grad_enabled(backward): return best(step, reps)
   from plugrad import Tensor, TinyJit
   qp, kp, vp = (Tensor.randn(B, H, L, E, requires_grad=backward).realize() for _ in range(3))
   mp = (Tensor.rand(B, 1, 1, L) > 0.1).realize() if kind == "pad" else None
+  gp = Tensor.randn(B, H, L, E).realize()  # a random upstream gradient (o.sum()'s ones would let the codegen fold dV = Pᵀ·1)
   @TinyJit
   def f(q: Tensor, k: Tensor, v: Tensor) -> Any:
     o = q.scaled_dot_product_attention(k, v, attn_mask=mp, is_causal=kind == "causal")
     if not backward: return o.realize()
     for t in (q, k, v): t.grad = None
-    o.sum().backward()
+    (o * gp).sum().backward()
     return q.grad.realize(), k.grad.realize(), v.grad.realize()  # type: ignore[union-attr]
   return best(lambda: f(qp, kp, vp), reps)
 

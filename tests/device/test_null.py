@@ -84,3 +84,19 @@ def test_renderer_validation_catches_inconsistent_attributes():
   class NoLocals(NullRenderer):
     has_local = False
   with pytest.raises(RendererError, match="capability 'locals' must be claimed exactly when the device has it"): NoLocals("NULL")
+  class BadAtomics(NullRenderer):
+    atomic_add = frozenset({dtypes.float32.vec(4)})
+  with pytest.raises(RendererError, match="atomic_add must be a frozenset of scalar non-bool dtypes"): BadAtomics("NULL")
+
+
+def test_a_renderer_without_atomics_refuses_an_atomic_store():
+  """A CStyleRenderer that declares no atomic adds raises for a STORE with arg Ops.ADD instead of writing a plain store."""
+  from plugrad.backend import CStyleRenderer
+  from plugrad.testing.kernels import atomic_add
+  class Plain(CStyleRenderer):
+    def __init__(self) -> None:
+      super().__init__("PLAIN")
+      self.validate()
+  r = Plain()
+  with pytest.raises(RendererError, match="no atomic add of dtypes.float"):
+    r.render(atomic_add(dtypes.float32)(r).program("PLAIN", r))
