@@ -20,8 +20,11 @@ Block = frozenset[UOp]
 
 def _ranges_of(topo: dict[UOp, None]) -> dict[UOp, Block]:
   rs: dict[UOp, Block] = {}
+  empty: Block = frozenset()
   for u in topo:
-    s: frozenset[UOp] = frozenset().union(*(rs[x] for x in u.src)) if u.src else frozenset()
+    s = empty
+    for x in u.src:  # most sources share one set: a union only where a source adds ranges
+      if (t := rs[x]) is not s and not t <= s: s = t if not s else s | t
     if u.op is Ops.RANGE: s = s | {u}
     elif u.op is Ops.END:
       if u.src[1] not in rs[u.src[0]]: raise LinearizeError(f"END of range {u.src[1].arg} closes an effect that is not inside that range")
@@ -45,55 +48,59 @@ def linearize(sink: UOp) -> list[UOp]:
   blocks: list[Block] = [frozenset(), *inner.values()]
   if len(set(blocks)) != len(blocks): raise LinearizeError("two loops over the same range in one kernel")
 
-  def place(u: UOp) -> Block:
+  # blocks by number (0: the kernel's top level); a node's ranges → the number of its block (many nodes share them)
+  fitting: dict[Block, int] = {}
+  def place(u: UOp) -> int:
+    if (best := fitting.get(rs[u])) is not None: return best
     fits = [b for b in blocks if rs[u] <= b]
     if not fits: raise LinearizeError(f"{u.op.name} depends on ranges {sorted(r.arg[0] for r in rs[u])} that are never closed by an END")
-    best = min(fits, key=len)
-    if any(len(b) == len(best) and b != best for b in fits): raise LinearizeError(f"{u.op.name} is used inside two sibling loops")
+    best_b = min(fits, key=len)
+    if any(len(b) == len(best_b) and b != best_b for b in fits): raise LinearizeError(f"{u.op.name} is used inside two sibling loops")
+    best = fitting[rs[u]] = blocks.index(best_b)
     return best
 
   placed = {u: place(u) for u in topo if u.op not in (Ops.SINK, Ops.RANGE)}
   order = {u: i for i, u in enumerate(topo)}
-  members: dict[Block, list[UOp]] = {b: [] for b in blocks}
-  for u, b in placed.items(): members[b].append(u)
+  members: list[list[UOp]] = [[] for _ in blocks]  # in topological order
+  for u, i in placed.items(): members[i].append(u)
+  block_of_end = {e: blocks.index(inner[e]) for e in ends}
+  # within[b][p]: what stands among the members of block b for a node of block p: the first loop directly in b
+  # around p (an END), or None when p is not inside b (p == b: the node itself, handled by the callers)
+  within = [[next((e for e in ends if placed[e] == bi and inner[e] <= p), None) if b <= p else None for p in blocks] for bi, b in enumerate(blocks)]
 
-  def rep(u: UOp, b: Block) -> UOp | None:
-    """What stands for `u` among the members of block `b`: u itself, the loop unit that contains it, or None (outer)."""
-    pu = placed.get(u)
-    if pu is None or not b <= pu or pu == b: return u if pu == b else None
-    for e in ends:
-      if placed[e] == b and inner[e] <= pu: return e
-    return None
-
-  def deps(m: UOp, b: Block) -> list[UOp]:
+  def deps(m: UOp, bi: int) -> list[UOp]:
     # a loop unit waits for everything its body (and its RANGE's bound) uses from this block
-    nodes = [m] if m.op is not Ops.END else [x for x, p in placed.items() if inner[m] <= p] + [m, m.src[1]]
-    out: dict[UOp, None] = {}
+    if m.op is not Ops.END: nodes = [m]
+    else:
+      body = inner[m]
+      nodes = [x for p, b in enumerate(blocks) if body <= b for x in members[p]] + [m, m.src[1]]
+    row, out = within[bi], dict[UOp, None]()
     for x in nodes:
       for s in x.src:
-        if (r := rep(s, b)) is not None and r is not m: out[r] = None
+        if (pi := placed.get(s)) is None: continue
+        if (r := s if pi == bi else row[pi]) is not None and r is not m: out[r] = None
     return sorted(out, key=order.__getitem__)
 
   out: list[UOp] = []
 
-  def emit(b: Block) -> None:
+  def emit(bi: int) -> None:
     done: set[UOp] = set()
-    for m in sorted(members[b], key=order.__getitem__):
+    for m in members[bi]:
       stack = [(m, False)]
       while stack:
         x, ready = stack.pop()
         if x in done: continue
         if not ready:
           stack.append((x, True))
-          stack.extend((d, False) for d in reversed(deps(x, b)) if d not in done)
+          stack.extend((d, False) for d in reversed(deps(x, bi)) if d not in done)
           continue
         done.add(x)
         if x.op is Ops.END:
           out.append(x.src[1])
-          emit(inner[x])
+          emit(block_of_end[x])
         out.append(x)
 
-  emit(frozenset())
+  emit(0)
   return _finalize(out)
 
 
@@ -104,24 +111,22 @@ def _index_dtype(nodes: list[UOp]) -> DType:
 
 
 def _finalize(nodes: list[UOp]) -> list[UOp]:
-  idx_dt = _index_dtype(nodes)
-  new: dict[UOp, UOp] = {}
-  out: list[UOp] = []
+  idx_dt, index, void = _index_dtype(nodes), dtypes.index, dtypes.void
+  new: dict[UOp, UOp] = {}  # in the order of `nodes` (a repeated node keeps its first place)
   for u in nodes:
-    if u.op is Ops.END:
-      new[u] = UOp(Ops.ENDRANGE, dtypes.void, (new[u.src[1]],))
-      out.append(new[u])
+    op, usrc = u.op, u.src
+    if op is Ops.END:
+      new[u] = UOp(Ops.ENDRANGE, void, (new[usrc[1]],))
       continue
-    if u.op in (Ops.GROUP, Ops.NOOP): continue  # only grouped effects for the placement
+    if op is Ops.GROUP or op is Ops.NOOP: continue  # only grouped effects for the placement
     src: tuple[UOp, ...]
-    if u.op is Ops.BARRIER: src = ()  # its sources only ordered it after the stores it guards
-    elif u.op is Ops.STORE: src = (new[u.src[0]], new[u.src[1]])  # further sources only pinned its place
-    elif u.op is Ops.LOAD:  # keep the alt value and ENDs (ordering); drop placement sources
-      src = (new[u.src[0]], *(new[s] for s in u.src[1:] if s.op is Ops.END or (s.dtype is not dtypes.void and s.op is not Ops.RANGE)))
-    else: src = tuple(new[s] for s in u.src)
+    if op is Ops.BARRIER: src = ()  # its sources only ordered it after the stores it guards
+    elif op is Ops.STORE: src = (new[usrc[0]], new[usrc[1]])  # further sources only pinned its place
+    elif op is Ops.LOAD:  # keep the alt value and ENDs (ordering); drop placement sources
+      src = (new[usrc[0]], *(new[s] for s in usrc[1:] if s.op is Ops.END or (s.dtype is not void and s.op is not Ops.RANGE)))
+    else: src = tuple([new[s] for s in usrc])
     dt: DType = u.dtype
-    if not isinstance(dt, PtrDType) and dt.scalar() is dtypes.index: dt = idx_dt.vec(dt.count)
-    nu = UOp(u.op, dt, src, u.arg)
-    new[u] = nu
-    out.append(nu)
-  return list(dict.fromkeys(out))
+    if dt is index or (dt.count != 1 and not isinstance(dt, PtrDType) and dt.scalar() is index): dt = idx_dt.vec(dt.count)
+    # an unchanged node is itself: hash-consing would return it too, this skips the lookup
+    new[u] = u if dt is u.dtype and src == usrc else UOp(op, dt, src, u.arg)
+  return list(dict.fromkeys(new.values()))
