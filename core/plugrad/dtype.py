@@ -153,11 +153,13 @@ class dtypes:
   all: tuple[DType, ...] = (bool,) + ints + floats
 
   @staticmethod
-  def is_float(x: DType) -> builtins.bool: return x.scalar() in dtypes.floats or isinstance(x, PtrDType) and x.base in dtypes.floats
+  def is_float(x: DType) -> builtins.bool: return (x._scalar or x) in _FLOATS or isinstance(x, PtrDType) and x.base in _FLOATS
+  # (x._scalar or x) is x.scalar() but for a pointer (itself, not its scalar pointer: neither is in these sets), without
+  # the call: the codegen and the renderers ask these for nearly every node
   @staticmethod
-  def is_int(x: DType) -> builtins.bool: return x.scalar() in dtypes.ints or x.scalar() is dtypes.index
+  def is_int(x: DType) -> builtins.bool: return (x._scalar or x) in _INTS
   @staticmethod
-  def is_unsigned(x: DType) -> builtins.bool: return x.scalar() in dtypes.uints
+  def is_unsigned(x: DType) -> builtins.bool: return (x._scalar or x) in _UINTS
   @staticmethod
   def is_bool(x: DType) -> builtins.bool: return x.scalar() is dtypes.bool
 
@@ -272,6 +274,7 @@ def check_fits(value: Any, dt: DType, what: str) -> None:
 
 _ALIASES = ("half", "float", "double", "uchar", "char", "short", "ushort", "int", "uint", "long", "ulong", "default_float", "default_int")
 INVERSE_NAMES.update({v: k for k, v in dtypes.__dict__.items() if isinstance(v, DType) and k not in _ALIASES})
+_FLOATS, _INTS, _UINTS = frozenset(dtypes.floats), frozenset((*dtypes.ints, dtypes.index)), frozenset(dtypes.uints)
 
 _TO_NP: dict[DType, np.dtype] = {d: np.dtype(d.fmt) for d in dtypes.all if d.fmt is not None}
 _FROM_NP: dict[np.dtype, DType] = {v: k for k, v in _TO_NP.items()}

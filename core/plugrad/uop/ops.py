@@ -171,6 +171,11 @@ class UOp:
         node, expanded = stack.pop()
         if node in out: continue
         if expanded: out[node] = None
+        elif node is not self and (done := node.__dict__.get("_below")) is not None:
+          # a source whose order is known: its nodes not seen yet, in its order (what walking it would add, since
+          # everything below a seen node is seen), then itself; dict.update keeps the seen ones where they are
+          out.update(dict.fromkeys(done))
+          out[node] = None
         else:
           stack.append((node, True))
           for s in reversed(node.src):
@@ -193,9 +198,10 @@ class UOp:
     done: dict[UOp, UOp] = {}
     for node in self.toposort:
       if (rep := mapping.get(node)) is not None: done[node] = rep
+      elif not (src := node.src): done[node] = node
       else:
-        new_src = tuple(done[s] for s in node.src)
-        done[node] = node if all(a is b for a, b in zip(new_src, node.src)) else UOp(node.op, node.dtype, new_src, node.arg)
+        new_src = tuple([done[s] for s in src])
+        done[node] = node if new_src == src else UOp(node.op, node.dtype, new_src, node.arg)  # == compares UOps by identity
     return done[self]
 
   def sink(self, *srcs: UOp, arg: Any = None) -> UOp: return UOp(Ops.SINK, dtypes.void, (self, *srcs), arg)
