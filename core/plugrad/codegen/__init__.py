@@ -51,11 +51,14 @@ def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
   info = opt_ast.arg if isinstance(opt_ast.arg, KernelInfo) else KernelInfo()
   lowered = add_gpudims(lower_group_reduces(drop_unit_ranges(opt_ast)), renderer, info.dont_use_locals)
   if trace.TRACING: trace.stage("gpudims", lowered)
-  # gated indices simplified once per access before the expander copies them per lane (the lanes' indices differ)
-  lowered = simplify_gated_indices(lowered, lambda u: graph_rewrite(u, symbolic, name="gated index"))
+  # gated indices simplified once per access before the expander copies them per lane (the lanes' indices differ);
+  # one rewrite cache for all of them: the lanes' indices (and their forms under each gate) share most of their nodes
+  memo: dict[UOp, UOp] = {}
+  def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic, name="gated index", cache=memo)
+  lowered = simplify_gated_indices(lowered, simplify)
   lowered = graph_rewrite(expand(lowered, renderer.vector_width), symbolic, name="gpudims")
   if trace.TRACING: trace.stage("expand", lowered)
-  lowered = simplify_gated_indices(lowered, lambda u: graph_rewrite(u, symbolic, name="gated index"))
+  lowered = simplify_gated_indices(lowered, simplify)
   lowered = split_ends(lower_reduces(lowered))
   if trace.TRACING: trace.stage("reduces", lowered)
   lowered = decompose(lowered, renderer)

@@ -27,13 +27,19 @@ def _no_convergence(pm: PatternMatcher, u: UOp, ctx: Any, why: str, name: str | 
                               f"{u.op!r} {u.dtype!r} {str(u.arg)[:60]}")
 
 
-def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, top_down: bool = False, name: str | None = None) -> UOp:
-  """Rewrite `sink` with `pm` to a fixed point. `ctx` is passed to rules that take a `ctx` argument."""
+def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, top_down: bool = False, name: str | None = None,
+                  cache: dict[UOp, UOp] | None = None) -> UOp:
+  """Rewrite `sink` with `pm` to a fixed point. `ctx` is passed to rules that take a `ctx` argument.
+
+  `cache` (bottom-up only, for rules that do not use `ctx`): each node's result, kept across calls that pass the same
+  dict with the same `pm`. A node's bottom-up result depends only on its own subgraph, so many small rewrites of graphs
+  that share parts (the indices of a kernel's lanes) rewrite each shared node once."""
   if trace.TRACING and (rec := trace.rewrite_begin(pm, sink, name)) is not None:  # VIZ records the rules that fire
     out = (_top_down if top_down else _bottom_up)(sink, cast(PatternMatcher, rec), ctx, name)
     trace.rewrite_end(rec, out)
     return out
-  return (_top_down if top_down else _bottom_up)(sink, pm, ctx, name)
+  if top_down: return _top_down(sink, pm, ctx, name)
+  return _bottom_up(sink, pm, ctx, name, cache)
 
 
 def _rebuild(n: UOp, done: dict[UOp, UOp]) -> UOp:
@@ -44,10 +50,12 @@ def _rebuild(n: UOp, done: dict[UOp, UOp]) -> UOp:
   return n
 
 
-def _bottom_up(root: UOp, pm: PatternMatcher, ctx: Any, name: str | None) -> UOp:
-  done: dict[UOp, UOp] = {}
+def _bottom_up(root: UOp, pm: PatternMatcher, ctx: Any, name: str | None, cache: dict[UOp, UOp] | None = None) -> UOp:
+  done: dict[UOp, UOp] = {} if cache is None else cache
   budget = int(REWRITE_STEPS.value)
   rewrite = pm.rewrite
+  # a plain matcher's rules are tried here, not through pm.rewrite: one call less per node (VIZ's recorder keeps it)
+  fast = pm.fast if type(pm) is PatternMatcher else None
   # stack entries: (node, stage, link). stage 0: visit sources; 1: rebuild and match; 2: take the result of `link`.
   stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
   active: set[UOp] = set()  # replacements being rewritten (a repeat means a cycle)
@@ -60,8 +68,16 @@ def _bottom_up(root: UOp, pm: PatternMatcher, ctx: Any, name: str | None) -> UOp
         if s not in done: stack.append((s, 0, None))
     elif stage == 1:
       if n in done: continue
-      nn = _rebuild(n, done)
-      if (r := rewrite(nn, ctx)) is None or r is nn:
+      if src := n.src:
+        new = tuple([done[s] for s in src])
+        nn = n if new == src else UOp(n.op, n.dtype, new, n.arg)  # UOp has no __eq__: == compares by identity
+      else: nn = n
+      r: UOp | None = None
+      if fast is None: r = rewrite(nn, ctx)
+      else:
+        for fn in fast.get(nn.op, ()):
+          if (r := fn(nn, ctx)) is not None: break
+      if r is None or r is nn:
         done[n] = nn
         done.setdefault(nn, nn)
         active.discard(n)
