@@ -138,7 +138,8 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
 
   Reductions over the same ranges (the copies the expander made of one reduction) share one loop. A value that is an
   UNROLL of n values (an unrolled reduce axis) folds them in order into the accumulator; with `mulacc`, a float ADD of
-  a product becomes MULACC (a fused multiply-add, one rounding)."""
+  a product becomes MULACC (a fused multiply-add, one rounding). Every END over several ranges comes out as nested
+  single-range ENDs (split_ends) when the kernel has a reduction."""
   topo = ast.toposort
   reduces = [u for u in topo if u.op is Ops.REDUCE]
   if not reduces: return ast
@@ -153,9 +154,28 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
     for red, upd in members:
       sub[red] = UOp(Ops.LOAD, red.dtype, (upd.src[0], loop))
       del pending[red]
+  # `sub` applied, memoized over the whole pass: a reduction is in `sub` before any value holding it is rebuilt, and its
+  # entry never changes, so a node's image is the same each time (the copies' values share their loads and epilogues).
+  # An END over several ranges is split here too (what split_ends would do after): a PACK copy's END sits below the
+  # loads that read its array, so splitting it afterwards would rebuild every node above them a second time
+  images: dict[UOp, UOp] = {}
+  def substitute(root: UOp) -> UOp:
+    stack = [root]
+    while stack:
+      if (n := stack[-1]) in images: stack.pop()
+      elif (r := sub.get(n)) is not None: images[stack.pop()] = r
+      elif missing := [x for x in n.src if x not in images]: stack.extend(missing)
+      else:
+        new_src = tuple([images[x] for x in stack.pop().src])
+        if n.op is Ops.END and len(new_src) > 2: images[n] = split_end(new_src[0], new_src[1:])
+        else: images[n] = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)  # == compares UOps by identity
+    return images[root]
+  holds: dict[UOp, bool] = {}  # whether a node is or holds a reduction (most values hold none: no pending one to find)
+  for u in topo: holds[u] = u.op is Ops.REDUCE or any(holds[s] for s in u.src)
   for red in reduces:  # sources first, so an inner reduction is already replaced when an outer one is built
-    for own in {pending[r] for r in red.src[0].toposort if r in pending}: flush(own)
-    value, own = red.src[0].substitute(sub), red.src[1:]
+    if pending and holds[red.src[0]]:
+      for own in {pending[r] for r in red.src[0].toposort if r in pending}: flush(own)
+    value, own = substitute(red.src[0]), red.src[1:]
     vals = value.src if value.op is Ops.UNROLL else (value,)
     if not own:  # nothing to loop over (a fully unrolled axis): fold the values, no accumulator
       cur = vals[0]
@@ -178,7 +198,7 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
     groups.setdefault(own, []).append((red, update))
     pending[red] = own
   for own in list(groups): flush(own)
-  return ast.substitute(sub)
+  return substitute(ast)
 
 
 def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
@@ -190,12 +210,16 @@ def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
 def split_ends(ast: UOp) -> UOp:
   """Every END over several ranges as nested single-range ENDs, inner ones first (a PACK copy loop sits inside the
   body of the store loop)."""
-  if not any(u.op is Ops.END and len(u.src) > 2 for u in ast.toposort): return ast
+  topo = ast.toposort
+  if not any(u.op is Ops.END and len(u.src) > 2 for u in topo): return ast
   done: dict[UOp, UOp] = {}
-  for u in ast.toposort:
-    new_src = tuple(done[s] for s in u.src)
-    if u.op is Ops.END and len(u.src) > 2: done[u] = split_end(new_src[0], new_src[1:])
-    else: done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+  for u in topo:
+    if not (src := u.src):
+      done[u] = u
+      continue
+    new_src = tuple([done[s] for s in src])
+    if u.op is Ops.END and len(src) > 2: done[u] = split_end(new_src[0], new_src[1:])
+    else: done[u] = u if new_src == src else UOp(u.op, u.dtype, new_src, u.arg)  # == compares UOps by identity
   return done[ast]
 
 
