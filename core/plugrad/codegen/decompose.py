@@ -331,8 +331,10 @@ def decompose(sink: UOp, renderer: Renderer) -> UOp:
   """`sink` with the shared decompositions for `renderer` applied, then the renderer's `extra_matcher`."""
   if any(_is_address_vector(u) for u in sink.toposort): sink = graph_rewrite(sink, _SPLIT_PM, name="address lanes")
   if any(_needs_polynomial(renderer, u) for u in sink.toposort): sink = graph_rewrite(sink, _MATH_PM, ctx=renderer, name="transcendentals")
-  # ctx: the guarded ops already written, so the guard around one is not matched again
-  sink = graph_rewrite(sink, decompositions(renderer), ctx=set(), name="decompose")
+  # ctx: the guarded ops already written, so the guard around one is not matched again. Most kernels have none of the
+  # ops these rules rewrite, and a rewrite that matches nothing returns its input: not walked again
+  pm = decompositions(renderer)
+  if any(u.op in pm.fast for u in sink.toposort): sink = graph_rewrite(sink, pm, ctx=set(), name="decompose")
   # after the guards (a bfloat16 MAX may have become selects); the emulation's own shifts are by constants in range
   if not renderer.native_bfloat16 and any(u.dtype.base.scalar() is _BF16 for u in sink.toposort):
     sink = graph_rewrite(sink, _BF16_PM, name="bfloat16 emulation")
