@@ -136,11 +136,16 @@ def _addends(u: UOp) -> list[UOp]: return _addends(u.src[0]) + _addends(u.src[1]
 
 def _contiguous(idx: UOp, v: UOp) -> UOp | None:
   """The base index when `idx` is `base + v` (v the lane), else None."""
+  # which nodes of the index hold `v`, found in one walk: every question below is then a lookup (this runs per load
+  # and per copy of the body, each index a new graph)
+  holds: set[UOp] = set()
+  for u in idx.toposort:
+    if u is v or any(s in holds for s in u.src): holds.add(u)
   # the common case without the simplifier (it was most of the codegen time of a small kernel): `v` is one addend of the
   # index's sum and no other addend mentions it, so the other addends are the base; a `v` nowhere in it is no lane at all
-  if v not in idx.toposort: return None
+  if idx not in holds: return None
   terms = _addends(idx)
-  if sum(t is v for t in terms) == 1 and not any(v in t.toposort for t in terms if t is not v):
+  if sum(t is v for t in terms) == 1 and not any(t in holds for t in terms if t is not v):
     rest = [t for t in terms if t is not v]
     base = rest[0] if rest else UOp.const(dtypes.index, 0)
     for t in rest[1:]: base = base + t
@@ -148,9 +153,19 @@ def _contiguous(idx: UOp, v: UOp) -> UOp | None:
   # linear in `v` (e.g. `(0+v)*1` as the optimizer builds it): decided from the coefficient without the simplifier, which
   # per lane and per load was most of a wide kernel's expansion time; only a `v` under a div/mod needs the simplifier.
   # The base is left as it is: lower() simplifies the whole expanded kernel in one rewrite
-  if (k := linear_coefficient(idx, v)) is not None: return idx.substitute({v: UOp.const(dtypes.index, 0)}) if k == 1 else None
-  base = _simp(idx.substitute({v: UOp.const(dtypes.index, 0)}))
+  if idx.dtype is dtypes.index:  # linear_coefficient, with the walk above
+    coeffs, _ = linear_terms(idx)
+    if not any(t is not v and t in holds for t in coeffs): return _zeroed(idx, v, holds) if coeffs.get(v, 0) == 1 else None
+  base = _simp(_zeroed(idx, v, holds))
   return base if _simp(idx) is _simp(base + v) else None
+
+
+def _zeroed(idx: UOp, v: UOp, holds: set[UOp]) -> UOp:
+  """`idx.substitute({v: 0})`, rebuilding only the nodes that hold `v`."""
+  done = {v: UOp.const(dtypes.index, 0)}
+  for u in idx.toposort:
+    if u in holds and u is not v: done[u] = UOp(u.op, u.dtype, tuple([done.get(s, s) for s in u.src]), u.arg)
+  return done[idx]
 
 
 class _Vectorizer:
