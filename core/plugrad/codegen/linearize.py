@@ -68,14 +68,25 @@ def linearize(sink: UOp) -> list[UOp]:
   # around p (an END), or None when p is not inside b (p == b: the node itself, handled by the callers)
   within = [[next((e for e in ends if placed[e] == bi and inner[e] <= p), None) if b <= p else None for p in blocks] for bi, b in enumerate(blocks)]
 
+  # the sources of each block's members by the block they are placed in: a loop unit's dependencies from its body are
+  # then one lookup per (block inside it, block of the sources), not one per source
+  by_block: list[dict[int, list[UOp]]] = [{} for _ in blocks]
+  for p, ms in enumerate(members):
+    groups = by_block[p]
+    for x in ms:
+      for s in x.src:
+        if (q := placed.get(s)) is not None: groups.setdefault(q, []).append(s)
+  inside = {e: [p for p, b in enumerate(blocks) if inner[e] <= b] for e in ends}  # the blocks of an END's body
+
   def deps(m: UOp, bi: int) -> list[UOp]:
     # a loop unit waits for everything its body (and its RANGE's bound) uses from this block
-    if m.op is not Ops.END: nodes = [m]
-    else:
-      body = inner[m]
-      nodes = [x for p, b in enumerate(blocks) if body <= b for x in members[p]] + [m, m.src[1]]
     row, out = within[bi], dict[UOp, None]()
-    for x in nodes:
+    if m.op is Ops.END:
+      for p in inside[m]:
+        for q, ss in by_block[p].items():
+          if q == bi: out.update(dict.fromkeys(ss))
+          elif (r := row[q]) is not None and r is not m: out[r] = None
+    for x in ((m, m.src[1]) if m.op is Ops.END else (m,)):
       for s in x.src:
         if (pi := placed.get(s)) is None: continue
         if (r := s if pi == bi else row[pi]) is not None and r is not m: out[r] = None
