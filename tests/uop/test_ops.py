@@ -90,6 +90,27 @@ class TestGraph:
     pos = {u: i for i, u in enumerate(order)}
     assert all(pos[s] < pos[u] for u in order for s in u.src)
 
+  def test_toposort_reuses_cached_orders_exactly(self):
+    # a source's cached order is spliced in, not walked: the order must be the depth-first one all the same
+    def dfs(root: UOp) -> list[UOp]:
+      out: dict[UOp, None] = {}
+      def visit(u: UOp) -> None:
+        if u in out: return
+        for s in u.src: visit(s)
+        out[u] = None
+      visit(root)
+      return list(out)
+    import random
+    rng = random.Random(0)
+    for trial in range(30):
+      nodes = [Variable(f"t{trial}_{i}", 0, 10) for i in range(4)]
+      for _ in range(60):
+        a, b = rng.choice(nodes), rng.choice(nodes[-8:])
+        nodes.append(UOp(rng.choice((Ops.ADD, Ops.MUL, Ops.MAX)), dtypes.index, (a, b) if rng.random() < 0.5 else (b, a)))
+      cached = [u.toposort for u in rng.sample(nodes, 10)]  # some sub-orders cached, in random order
+      root = UOp(Ops.SINK, dtypes.void, tuple(rng.sample(nodes[-20:], 5)))
+      assert list(root.toposort) == dfs(root) and all(list(t) == dfs(next(reversed(t))) for t in cached)
+
   def test_replace_and_substitute(self):
     a, b = Variable("a", 0, 10), Variable("b", 0, 10)
     e = a * 2 + a

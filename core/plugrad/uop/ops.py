@@ -124,6 +124,7 @@ class UOp:
   src: tuple[UOp, ...]
   arg: Any
   _key: tuple
+  _below: tuple[UOp, ...] | None = None  # the cached toposort order (in the instance dict once computed)
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
     if src.__class__ is not tuple:
@@ -139,14 +140,14 @@ class UOp:
     for s in src:
       if not isinstance(s, UOp): raise UOpError(f"{op!r}: every src must be a UOp, got {type(s).__name__} {s!r}")
     ret = object.__new__(OP_CLASSES.get(op, cls))
-    osa = object.__setattr__
-    osa(ret, "op", op); osa(ret, "dtype", dtype); osa(ret, "src", src); osa(ret, "arg", arg); osa(ret, "_key", key)
+    # the slots' own setters (__setattr__ refuses these names): cheaper than object.__setattr__ by name
+    _set_op(ret, op); _set_dtype(ret, dtype); _set_src(ret, src); _set_arg(ret, arg); _set_key(ret, key)
     _ucache[key] = _weakref(ret)
     return ret
 
   def __del__(self) -> None:
     try:
-      if (ref := _ucache.get(self._key)) is not None and ref() in (None, self): del _ucache[self._key]
+      if (ref := _ucache.get(key := self._key)) is not None and ((r := ref()) is None or r is self): del _ucache[key]
     except (AttributeError, TypeError, KeyError): pass  # interpreter shutdown or half-built object
 
   def __setattr__(self, name: str, value: Any) -> None:
@@ -164,22 +165,25 @@ class UOp:
   def toposort(self) -> dict[UOp, None]:
     """Every node of the graph, sources before users (iterative: deep graphs do not hit the recursion limit). The order
     is cached without the node itself, so the cache makes no reference cycle and a dropped graph is freed at once."""
-    if (below := self.__dict__.get("_below")) is None:
+    if (below := self._below) is None:
       out: dict[UOp, None] = {}
-      stack: list[tuple[UOp, bool]] = [(self, False)]
+      # sources in order, depth first, each node after its sources; a source whose order is known is not walked: its
+      # nodes not seen yet go in in its order (what walking it would add, since everything below a seen node is
+      # seen; dict.update keeps the seen ones where they are), then itself
+      stack = [(self, iter(self.src))]
       while stack:
-        node, expanded = stack.pop()
-        if node in out: continue
-        if expanded: out[node] = None
-        elif node is not self and (done := node.__dict__.get("_below")) is not None:
-          # a source whose order is known: its nodes not seen yet, in its order (what walking it would add, since
-          # everything below a seen node is seen), then itself; dict.update keeps the seen ones where they are
-          out.update(dict.fromkeys(done))
-          out[node] = None
+        node, it = stack[-1]
+        for s in it:
+          if s in out: continue
+          if (done := s._below) is not None:
+            out.update(dict.fromkeys(done))
+            out[s] = None
+            continue
+          stack.append((s, iter(s.src)))
+          break
         else:
-          stack.append((node, True))
-          for s in reversed(node.src):
-            if s not in out: stack.append((s, False))
+          stack.pop()
+          out[node] = None
       del out[self]
       below = self.__dict__["_below"] = tuple(out)
     ret = dict.fromkeys(below)
@@ -428,6 +432,10 @@ class UOp:
       if (a := self.src[0].divides(v)) is not None: return a * self.src[1]
       if (b := self.src[1].divides(v)) is not None: return self.src[0] * b
     return None
+
+
+# the setters of UOp's field slots, for __new__
+_set_op, _set_dtype, _set_src, _set_arg, _set_key = (UOp.__dict__[n].__set__ for n in ("op", "dtype", "src", "arg", "_key"))
 
 
 def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.index) -> UOp:
