@@ -56,10 +56,14 @@ class DType:
   def scalar(self) -> DType: return self._scalar if self._scalar is not None else self
 
   def vec(self, n: int) -> DType:
+    # memoized: the codegen and the renderers ask for a node's vector dtype over and over (the lookup with its name
+    # string built each time was a tenth of a big kernel's rendering)
+    if n.__class__ is int and (ret := _VECS.get((self, n))) is not None: return ret
     if not isinstance(n, int) or n < 1: raise ValueError(f"vector width must be a positive int, got {n!r}")
     if self.count != 1: raise TypeError(f"cannot vectorize {self}: it is already a vector")
-    if n == 1 or self == dtypes.void: return self
-    return DType.new(self.priority, self.itemsize * n, f"{INVERSE_NAMES[self]}{n}", None, n, self)
+    ret = self if n == 1 or self == dtypes.void else DType.new(self.priority, self.itemsize * n, f"{INVERSE_NAMES[self]}{n}", None, n, self)
+    if n.__class__ is int: _VECS[(self, n)] = ret
+    return ret
 
   def ptr(self, size: int = -1, addrspace: AddrSpace = AddrSpace.GLOBAL) -> PtrDType:
     return PtrDType.new_ptr(self, addrspace, size)
@@ -120,6 +124,7 @@ class PtrDType(DType):
 
 _S = DType.new
 INVERSE_NAMES: dict[DType, str] = {}
+_VECS: dict[tuple[DType, int], DType] = {}  # (scalar dtype, n) -> its vector (dtypes are interned: this never goes stale)
 
 
 class dtypes:
