@@ -175,8 +175,9 @@ def test_fused_attention_policy_by_flag_and_dropout():
 
 
 def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():
-  """A causal self-attention block's training step under TinyJit: the fused kernel is one launch per step, replayed, and
-  the weights' gradients match the plain formula's."""
+  """A causal self-attention block's training step under TinyJit: the fused forward and the two fused backward kernels
+  are one launch each per step (FLASH_ATTENTION=1; 2: the forward only), replayed, and the weights' gradients match the
+  plain formula's."""
   from plugrad import TinyJit
   x = T(2, 32, 16)
   def step(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -186,17 +187,19 @@ def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():
     (out * out).sum().backward()
     return out.realize(), w.grad.realize()
   got, w0 = {}, RNG.standard_normal((16, 48)).astype(np.float32) * 0.3
-  for flash in (1, 0):
+  for flash in (1, 2, 0):
     with Context(FLASH_ATTENTION=flash):
       w = Tensor(w0, device="CPU", requires_grad=True)
       w.realize()
       jit = TinyJit(step)
       for _ in range(3): out, g = jit(w)
       names = [ei.runner.program.name for ei in jit.captured.items if hasattr(ei.runner, "program")]
-      assert sum(n.startswith("flash_attn") for n in names) == flash
+      kinds = sorted(n.split("_")[2] if "_bwd_" in n else "fwd" for n in names if n.startswith("flash_attn"))
+      assert kinds == {1: ["bwd", "bwd", "fwd"], 2: ["fwd"], 0: []}[flash]
       got[flash] = (out.numpy(), g.numpy())
-  np.testing.assert_allclose(got[1][0], got[0][0], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(got[1][1], got[0][1], rtol=1e-4, atol=1e-5)
+  for flash in (1, 2):
+    np.testing.assert_allclose(got[flash][0], got[0][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[flash][1], got[0][1], rtol=1e-4, atol=1e-5)
 
 
 def test_fused_attention_estimates_count_the_causal_loop_at_its_longest():

@@ -12,10 +12,10 @@ vector width, nv score vectors per row for enough independent multiply-add chain
 reductions over the head dimension (q broadcast times a vector of the transposed keys kᵀ, so no horizontal sums),
 then per row the block maximum, one rescale of l and o, nv vector exp2s, and o += p·v as a loop over the block's
 score vectors with the w keys of each unrolled into vector multiply-adds. Everything is in base 2 (scores scaled by
-log2(e)); `lse` (natural log-sum-exp per row) is written too, for a fused backward (the backward today recomputes
-the probabilities, tensor/attention.py). A causal kernel stops each tile's key loop after the tile's last row (on
-devices without workgroups) and masks the block that crosses the diagonal. docs/optimizer.md, "The fused attention
-kernel".
+log2(e)); `lse` (natural log-sum-exp per row) is written too. The backward's two kernels are in
+`codegen/attention_backward.py` (`attention_linear(..., kind=)` builds any of the three). A causal kernel stops each
+tile's key loop after the tile's last row (on devices without workgroups) and masks the block that crosses the
+diagonal. docs/optimizer.md, "The fused attention kernel".
 """
 from __future__ import annotations
 
@@ -74,6 +74,11 @@ def _pow2_dividing(n: int, cap: int) -> int:
 
 
 def _bcast(x: UOp, n: int) -> UOp: return x if n == 1 else UOp(Ops.VECTORIZE, x.dtype.vec(n), (x,) * n)
+
+
+def _offsets(c: int, w: int) -> UOp:
+  """The positions of score vector c's w lanes in its block, as an index vector (a scalar for w = 1)."""
+  return UOp.const(dtypes.index.vec(w), tuple(c * w + t for t in range(w))) if w > 1 else UOp.const(dtypes.index, c)
 
 
 def _lanes(x: UOp) -> list[UOp]: return [x] if x.dtype.count == 1 else [x.gep(i) for i in range(x.dtype.count)]
@@ -160,7 +165,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     if sh.causal:
       # key j0 + c·w + t is seen when c·w + t < i - j0 + 1: one vector comparison per score vector
       lim = _bcast(i - j0 + 1, w)
-      seen = [(UOp.const(dtypes.index.vec(w), tuple(c * w + t for t in range(w))) if w > 1 else UOp.const(dtypes.index, c)) < lim for c in range(nv)]
+      seen = [_offsets(c, w) < lim for c in range(nv)]
       ss = [ok.where(x, ninf) for ok, x in zip(seen, ss)]
     ids = REG_IDS + r * (3 + Ev // u) + 1
     m_reg, l_reg = reg(ids, 1), reg(ids + 1, 1)
@@ -200,9 +205,15 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
   return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(shape.name, (), ()))
 
 
-def attention_linear(shape: AttentionShape, renderer: Renderer, device: str | None = None) -> ProgramUOp:
-  """The PROGRAM of `attention_kernel(shape, renderer)` at the linear stage (for `device`, default the renderer's)."""
-  sink = attention_kernel(shape, renderer)
+KINDS = ("forward", "backward_q", "backward_kv")  # the forward kernel and the two of the backward (codegen/attention_backward.py)
+
+
+def attention_linear(shape: AttentionShape, renderer: Renderer, device: str | None = None, kind: str = "forward") -> ProgramUOp:
+  """The PROGRAM of the `kind` kernel (one of KINDS) for `shape` at the linear stage (for `device`, default the renderer's)."""
+  if kind == "forward": sink = attention_kernel(shape, renderer)
+  else:
+    from plugrad.codegen.attention_backward import backward_kv_kernel, backward_q_kernel
+    sink = {"backward_q": backward_q_kernel, "backward_kv": backward_kv_kernel}[kind](shape, renderer)
   lowered = decompose(split_ends(lower_reduces(graph_rewrite(sink, symbolic, name="attention"))), renderer)
   # the PROGRAM's kernel AST is empty: this graph is past the kernel stage (its registers and loops are explicit), so
   # nothing may optimize or lower it again; its LINEAR is complete and any renderer can render it
@@ -212,15 +223,15 @@ def attention_linear(shape: AttentionShape, renderer: Renderer, device: str | No
 _cache: dict[tuple, ProgramUOp] = {}
 
 
-def attention_program(shape: AttentionShape, renderer: Renderer) -> ProgramUOp:
-  """`attention_linear` rendered (cached per renderer kind and shape)."""
-  key = (shape, *renderer_key(renderer))
+def attention_program(shape: AttentionShape, renderer: Renderer, kind: str = "forward") -> ProgramUOp:
+  """`attention_linear` rendered (cached per renderer kind, shape and kernel kind)."""
+  key = (shape, kind, *renderer_key(renderer))
   if (hit := _cache.get(key)) is None:
     start = time.perf_counter()
-    prg = attention_linear(shape, renderer)
+    prg = attention_linear(shape, renderer, kind=kind)
     hit = _cache[key] = prg.with_source(renderer.render(prg))
     codegen_seconds[0] += time.perf_counter() - start
   return hit
 
 
-__all__ = ["AttentionShape", "attention_kernel", "attention_linear", "attention_program", "attention_tiling", "causal_keys_read"]
+__all__ = ["KINDS", "AttentionShape", "attention_kernel", "attention_linear", "attention_program", "attention_tiling", "causal_keys_read"]

@@ -1,13 +1,12 @@
-"""`scaled_dot_product_attention` through the fused kernel (`codegen/attention.py`): the scores and probabilities never
-reach memory in the forward pass. The launch is a KERNEL node of the lazy graph (scheduled, batched and replayed by
-TinyJit like any kernel) with a registered derivative: the backward recomputes the probabilities from q, k and the
-mask with ordinary tensor ops (P and dS in memory once each). It reads only the launch's inputs, so an output that was
-realized (logged) before `backward()` keeps no reference to its own buffer (gradient.kernel_output_origin).
+"""`scaled_dot_product_attention` through the fused kernels (`codegen/attention.py`, `codegen/attention_backward.py`):
+the scores and probabilities never reach memory, forward or backward. The launch is a KERNEL node of the lazy graph
+(scheduled, batched and replayed by TinyJit like any kernel) with a registered derivative that launches the two
+backward kernels. It reads only the launch's inputs, so an output that was realized (logged) before `backward()` keeps
+no reference to its own buffer (gradient.kernel_output_origin).
 
-`FLASH_ATTENTION`: 1 (default) uses the fused kernel wherever it applies, 0 the plain formula (q·kᵀ, softmax, ·v:
-three kernels, two (B, H, L, S) buffers). On this machine's CPU the fused forward takes 0.6-1.0x the plain formula's
-time and a fraction of its memory (4x12x1024² causal: 293 MB peak instead of 971 MB); a training step's attention
-costs about 5% more (the backward recomputes the scores), within the noise of a whole model's step.
+`FLASH_ATTENTION`: 1 (default) the fused kernels wherever they apply, 2 the fused forward with a backward by ordinary
+tensor ops (P and dS in memory once each), 0 the plain formula (q·kᵀ, softmax, ·v: three kernels, two (B, H, L, S)
+buffers). Figures: docs/benchmarks.md, "Fused attention".
 """
 from __future__ import annotations
 
@@ -23,9 +22,10 @@ from plugrad.uop.ops import UOp
 
 if TYPE_CHECKING:
   from plugrad.codegen.attention import AttentionShape
+  from plugrad.renderer.base import Renderer
   from plugrad.tensor.tensor import Tensor
 
-FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", 1, (0, 1))
+FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", 1, (0, 1, 2))  # 0 plain formula, 1 fused forward and backward, 2 fused forward only
 _FUSED_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
 
@@ -65,7 +65,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
   m, flags = _mask_layout(mask, lead, L, S) if mask is not None else (None, None)
   shape = AttentionShape(B, H, L, S, E, Ev, q.dtype, flags, causal, scale)
   prg = attention_program(shape, dev.renderer)
-  register_kernel_gradient(prg, _backward_rule(shape))
+  register_kernel_gradient(prg, _backward_rule(shape, dev.renderer))
   from plugrad.tensor.tensor import Tensor
   out = Tensor.empty(B * H, L, Ev, dtype=q.dtype, device=q.device)
   lse = Tensor.empty(B * H, L, dtype=dtypes.float32, device=q.device)
@@ -74,28 +74,56 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
   return out.reshape(*q.shape[:-2], L, Ev)
 
 
-def _backward_rule(sh: AttentionShape) -> Callable[[UOp, int, UOp], Grads]:
-  """The derivative of one launch, from its inputs alone (a realized output keeps no reference to its own buffer):
-  with P = softmax(q·kᵀ·scale + mask) recomputed once in memory, dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(P∘dP)),
-  dQ = dS·K·scale, dKᵀ = (Qᵀ·dS)·scale, dmask = dS summed over its broadcast dims (a float mask only)."""
+def _backward_rule(sh: AttentionShape, renderer: Renderer) -> Callable[[UOp, int, UOp], Grads]:
+  """The derivative of one launch, from its inputs alone (a realized output keeps no reference to its own buffer): dQ,
+  dK and dV by the fused backward kernels (FLASH_ATTENTION=1), or all by `_plain_grads` (2); a float mask's gradient
+  always by `_plain_grads` (lazy: computed only when the mask requires it)."""
   def rule(kernel: UOp, slot: int, g: UOp) -> Grads:
     from plugrad.tensor.tensor import Tensor
     if slot != 0: return (None,) * len(kernel.src)  # lse is an internal output: nothing outside uses it
     _, _, q, kt, v, *mask = (Tensor._wrap(s) for s in kernel.src)
-    do, qf, ktf, vf = Tensor._wrap(g).float(), q.float(), kt.float(), v.float()
-    s = (qf @ ktf) * sh.scale
-    if mask: s = (s.reshape(sh.B, sh.H, sh.L, sh.S) + mask[0]).reshape(sh.B * sh.H, sh.L, sh.S)
-    if sh.causal: s = Tensor.ones(sh.L, sh.S, dtype=dtypes.bool, device=q.device).tril().where(s, -math.inf)
-    # P and dS once each in memory: fused into the products' operands they would be recomputed per multiply-add
-    p = s.softmax(-1).contiguous()
-    dv = p.transpose(1, 2) @ do
-    dp = do @ vf.transpose(1, 2)
-    ds = (p * (dp - (p * dp).sum(-1, keepdim=True))).contiguous()
-    dq, dkt = (ds @ ktf.transpose(1, 2)) * sh.scale, (qf.transpose(1, 2) @ ds) * sh.scale
-    grads: list[UOp | None] = [None, None, dq.cast(q.dtype).uop, dkt.cast(kt.dtype).uop, dv.cast(v.dtype).uop]
-    if mask:
-      dm = ds.reshape(sh.B, sh.H, sh.L, sh.S)
-      keep = tuple(d for d, n in zip((0, 1, 2), mask[0].shape[:3]) if n == 1)
-      grads.append((dm.sum(keep, keepdim=True) if keep else dm).reshape(mask[0].shape).uop)
-    return tuple(grads)
+    do = Tensor._wrap(g)
+    plain = _plain_grads(sh, q, kt, v, mask[0] if mask else None, do)
+    if FLASH_ATTENTION.value != 1: return plain
+    return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask[0] if mask else None, do), *plain[5:])
   return rule
+
+
+def _fused_grads(sh: AttentionShape, renderer: Renderer, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None, do: Tensor) -> tuple[UOp, ...]:
+  """(dQ, dKᵀ, dV) by the two backward kernels (codegen/attention_backward.py), with the transposed copies they read."""
+  from plugrad.codegen.attention import attention_program
+  from plugrad.tensor.tensor import Tensor
+  BH, L, S, E, Ev, dt = sh.B * sh.H, sh.L, sh.S, sh.E, sh.Ev, sh.dtype
+  do = do.cast(dt).reshape(BH, L, Ev)
+  k = kt.transpose(1, 2).contiguous()
+  dq, lse2, dsum = Tensor.empty(BH, L, E, dtype=dt, device=q.device), Tensor.empty(BH, L, device=q.device), Tensor.empty(BH, L, device=q.device)
+  m = [mask] if mask is not None else []
+  launch_program(attention_program(sh, renderer, "backward_q"), dq, lse2, dsum, q, kt, k, v.transpose(1, 2).contiguous(), do, *m)
+  if mask is not None and (sh.mask or (False, False, False))[2]: m = [mask.transpose(-1, -2).contiguous()]  # the keys' queries contiguous
+  dk, dv = Tensor.empty(BH, S, E, dtype=dt, device=q.device), Tensor.empty(BH, S, Ev, dtype=dt, device=q.device)
+  launch_program(attention_program(sh, renderer, "backward_kv"), dk, dv, k, q.transpose(1, 2).contiguous(), v, do.transpose(1, 2).contiguous(),
+                 q, do, lse2, dsum, *m)
+  return dq.uop, dk.transpose(1, 2).uop, dv.uop
+
+
+def _plain_grads(sh: AttentionShape, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None, do: Tensor) -> tuple[UOp | None, ...]:
+  """The launch's gradients by ordinary tensor ops: with P = softmax(q·kᵀ·scale + mask) recomputed once in memory,
+  dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(P∘dP)), dQ = dS·K·scale, dKᵀ = (Qᵀ·dS)·scale, dmask = dS summed over its
+  broadcast dims (a float mask only)."""
+  from plugrad.tensor.tensor import Tensor
+  do, qf, ktf, vf = do.float(), q.float(), kt.float(), v.float()
+  s = (qf @ ktf) * sh.scale
+  if mask is not None: s = (s.reshape(sh.B, sh.H, sh.L, sh.S) + mask).reshape(sh.B * sh.H, sh.L, sh.S)
+  if sh.causal: s = Tensor.ones(sh.L, sh.S, dtype=dtypes.bool, device=q.device).tril().where(s, -math.inf)
+  # P and dS once each in memory: fused into the products' operands they would be recomputed per multiply-add
+  p = s.softmax(-1).contiguous()
+  dv = p.transpose(1, 2) @ do
+  dp = do @ vf.transpose(1, 2)
+  ds = (p * (dp - (p * dp).sum(-1, keepdim=True))).contiguous()
+  dq, dkt = (ds @ ktf.transpose(1, 2)) * sh.scale, (qf.transpose(1, 2) @ ds) * sh.scale
+  grads: list[UOp | None] = [None, None, dq.cast(q.dtype).uop, dkt.cast(kt.dtype).uop, dv.cast(v.dtype).uop]
+  if mask is not None:
+    dm = ds.reshape(sh.B, sh.H, sh.L, sh.S)
+    keep = tuple(d for d, n in zip((0, 1, 2), mask.shape[:3]) if n == 1)
+    grads.append((dm.sum(keep, keepdim=True) if keep else dm).reshape(mask.shape).uop)
+  return tuple(grads)

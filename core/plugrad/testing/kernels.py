@@ -448,7 +448,8 @@ def suite() -> dict[str, Callable[[Renderer], SuiteKernel]]:
            (dtypes.float16, dtypes.float32), (dtypes.float32, dtypes.bfloat16), (dtypes.bfloat16, dtypes.float32), (dtypes.float64, dtypes.float32),
            (dtypes.int64, dtypes.float64), (dtypes.uint32, dtypes.float32)]
   for s, d in pairs: out[f"cast-{dname(s)}-{dname(d)}"] = cast(s, d)
-  for fn in (reduce_rows, symbolic_size, gated, global_ids, workgroup, shared_reduce, vectors, where_select, threefry, flash_attention):
+  for fn in (reduce_rows, symbolic_size, gated, global_ids, workgroup, shared_reduce, vectors, where_select, threefry, flash_attention,
+             flash_attention_backward_q, flash_attention_backward_kv):
     out[fn.__name__] = fn
   return out
 
@@ -498,6 +499,54 @@ def atomic_add(dt: DType) -> Callable[[Renderer], SuiteKernel]:
     return SuiteKernel(f"atomic_add_{dname(dt)}", k.linear, {0: base, 1: x}, {0: want}, {0: slots, 1: groups * lsz}, {0: dt, 1: dt},
                        _dtype_needs(dt) | ({"locals"} if r.has_local else frozenset()))
   return build
+
+
+def _attention_backward_case() -> tuple[Any, dict[str, np.ndarray]]:
+  """The backward kernels' case: 2 heads, 8 queries, 16 keys, a per-head additive mask with -inf entries; the inputs and
+  float64 numpy results by name (lse2 is the base-2 log-sum-exp of the scaled scores, D = rowsum(P∘dP))."""
+  from plugrad.codegen.attention import AttentionShape
+  H, L, S, E = 2, 8, 16, 8
+  sh = AttentionShape(1, H, L, S, E, E, dtypes.float32, (False, True, False), False, 1 / np.sqrt(E))
+  rng = np.random.default_rng(11)
+  q, k, v, do = (rng.standard_normal((H, n, E)).astype(np.float32) for n in (L, S, S, L))
+  mask = rng.standard_normal((H, S)).astype(np.float32)
+  mask[:, 2::5] = -np.inf
+  s = np.einsum("hle,hse->hls", q.astype(np.float64), k.astype(np.float64)) * sh.scale + mask[:, None, :]
+  p = np.exp(s - s.max(-1, keepdims=True))
+  lse = np.log(p.sum(-1)) + s.max(-1)
+  p /= p.sum(-1, keepdims=True)
+  dp = do.astype(np.float64) @ np.swapaxes(v, 1, 2)
+  D = (p * dp).sum(-1)
+  ds = p * (dp - D[..., None])
+  return sh, {"q": q, "k": k, "v": v, "do": do, "mask": mask, "lse2": lse / np.log(2), "D": D, "dq": ds @ k * sh.scale,
+              "dk": np.swapaxes(ds, 1, 2) @ q * sh.scale, "dv": np.swapaxes(p, 1, 2) @ do}
+
+
+def flash_attention_backward_q(r: Renderer) -> SuiteKernel:
+  """The fused backward's query kernel (codegen/attention_backward.py): dQ (slot 0), lse2 (1) and D (2) of one case."""
+  from plugrad.codegen.attention import attention_linear
+  sh, c = _attention_backward_case()
+  t = np.swapaxes
+  ins = {3: c["q"], 4: t(c["k"], 1, 2), 5: c["k"], 6: t(c["v"], 1, 2), 7: c["do"], 8: c["mask"]}
+  outs = {0: c["dq"], 1: c["lse2"], 2: c["D"]}
+  return SuiteKernel(sh.name.replace("flash_attn", "flash_attn_bwd_q"), [], {i: np.ascontiguousarray(x).ravel() for i, x in ins.items()},
+                     {i: x.ravel().astype(np.float32) for i, x in outs.items()}, {i: x.size for i, x in {**ins, **outs}.items()},
+                     dict.fromkeys(range(9), dtypes.float32), rtol=1e-4, atol=1e-5,
+                     build=lambda device, rr: attention_linear(sh, rr, device, "backward_q"))
+
+
+def flash_attention_backward_kv(r: Renderer) -> SuiteKernel:
+  """The fused backward's key kernel: dK (slot 0) and dV (1) of the same case, from its lse2 and D."""
+  from plugrad.codegen.attention import attention_linear
+  sh, c = _attention_backward_case()
+  t = np.swapaxes
+  ins = {2: c["k"], 3: t(c["q"], 1, 2), 4: c["v"], 5: t(c["do"], 1, 2), 6: c["q"], 7: c["do"], 8: c["lse2"], 9: c["D"], 10: c["mask"]}
+  outs = {0: c["dk"], 1: c["dv"]}
+  return SuiteKernel(sh.name.replace("flash_attn", "flash_attn_bwd_kv"), [],
+                     {i: np.ascontiguousarray(x).ravel().astype(np.float32) for i, x in ins.items()},
+                     {i: x.ravel().astype(np.float32) for i, x in outs.items()}, {i: x.size for i, x in {**ins, **outs}.items()},
+                     dict.fromkeys(range(11), dtypes.float32), rtol=1e-4, atol=1e-5,
+                     build=lambda device, rr: attention_linear(sh, rr, device, "backward_kv"))
 
 
 def device_kernels(renderer: Renderer) -> dict[str, Callable[[Renderer], SuiteKernel]]:
