@@ -1,5 +1,6 @@
 """scaled_dot_product_attention, forward and forward+backward, side by side: plugrad's plain formula (FLASH_ATTENTION=0),
-plugrad's fused online-softmax kernel (FLASH_ATTENTION=1) and PyTorch CPU, the same threads, under TinyJit / no_grad.
+plugrad's fused online-softmax kernels (FLASH_ATTENTION=1; the backward also with FLASH_ATTENTION=2, the fused forward and
+an ordinary-ops backward) and PyTorch CPU, the same threads, under TinyJit / no_grad.
 The peak resident memory of each process is printed too (the fused kernel's point on a CPU is memory, not speed).
 
   python bench/attention.py [--threads N] [--reps 8]
@@ -75,8 +76,10 @@ def main() -> None:
     return
   sides = [("plugrad plain", "plugrad", {"FLASH_ATTENTION": "0"}), ("plugrad fused", "plugrad", {"FLASH_ATTENTION": "1"}), ("torch", "torch", {})]
   for backward in (False, True):
+    # backward: also the fused forward with the ordinary-ops backward (FLASH_ATTENTION=2)
+    todo = sides[:1] + [("fused fwd only", "plugrad", {"FLASH_ATTENTION": "2"})] + sides[1:] if backward else sides
     res = {label: peers.run_peer(__file__, peer, args.threads, "--reps", str(args.reps), *(["--backward"] if backward else []), env_extra=env)
-           for label, peer, env in sides}
+           for label, peer, env in todo}
     print(f"{'forward+backward' if backward else 'forward'} (ms, best of {args.reps}, {args.threads} threads)")
     for key in [f"{B}x{H}x{L}x{E} {kind}" for B, H, L, E, kind in SHAPES] + ["peak MB"]:
       cells = [f"{label} {r[key]:>8.1f}" if isinstance(r, dict) else f"{label} {r}" for label, r in res.items()]

@@ -211,3 +211,23 @@ def test_fused_attention_estimates_count_the_causal_loop_at_its_longest():
   assert any(u.op is Ops.RANGE and u.src[0].op is not Ops.CONST for u in p.uops)
   full = 2 * 64 * 64 * 16 * 2 * 2  # q·kᵀ and p·v multiply-adds over every (query, key) pair
   assert full <= p.estimates.ops < 2 * full
+
+
+def test_fused_backward_after_the_output_was_realized():
+  """An output realized (logged) before backward() keeps a graph without its own buffers, so the backward cannot read
+  the forward's log-sum-exp: it takes the two-pass dQ kernel (flash_attn_bwd_q2), with the same gradients as the
+  one-pass kernel that reads them (flash_attn_bwd_q) and as the plain formula."""
+  q, k, v, g = (RNG.standard_normal((2, 3, 24, 8)).astype(np.float32) for _ in range(4))
+  grads = {}
+  for flash, realize_first in ((1, False), (1, True), (0, False)):
+    with Context(FLASH_ATTENTION=flash):
+      ts = [Tensor(x, device="CPU", requires_grad=True) for x in (q, k, v)]
+      out = ts[0].scaled_dot_product_attention(ts[1], ts[2], is_causal=True)
+      if realize_first: out.realize()
+      loss = (out * Tensor(g, device="CPU")).sum()
+      names = {u.arg.name for u in loss.gradient(ts[0])[0].uop.toposort if u.op is Ops.KERNEL}
+      if flash: assert {n.split("_6_")[0] for n in names} == ({"flash_attn_bwd_q2"} if realize_first else {"flash_attn", "flash_attn_bwd_q"}), names
+      loss.backward()
+      grads[(flash, realize_first)] = [t.grad.numpy() for t in ts]
+  for key in ((1, False), (1, True)):
+    for a, b in zip(grads[key], grads[(0, False)]): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

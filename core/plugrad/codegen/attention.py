@@ -205,7 +205,8 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
   return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(shape.name, (), ()))
 
 
-KINDS = ("forward", "backward_q", "backward_kv")  # the forward kernel and the two of the backward (codegen/attention_backward.py)
+# the forward kernel and the backward's (codegen/attention_backward.py): dQ with or without the forward's row statistics, dK and dV
+KINDS = ("forward", "backward_q", "backward_q_stats", "backward_kv")
 
 
 def attention_linear(shape: AttentionShape, renderer: Renderer, device: str | None = None, kind: str = "forward") -> ProgramUOp:
@@ -213,7 +214,9 @@ def attention_linear(shape: AttentionShape, renderer: Renderer, device: str | No
   if kind == "forward": sink = attention_kernel(shape, renderer)
   else:
     from plugrad.codegen.attention_backward import backward_kv_kernel, backward_q_kernel
-    sink = {"backward_q": backward_q_kernel, "backward_kv": backward_kv_kernel}[kind](shape, renderer)
+    if kind not in KINDS: raise ValueError(f"attention kernel kind must be one of {KINDS}, got {kind!r}")
+    if kind == "backward_kv": sink = backward_kv_kernel(shape, renderer)
+    else: sink = backward_q_kernel(shape, renderer, stats_given=kind == "backward_q_stats")
   lowered = decompose(split_ends(lower_reduces(graph_rewrite(sink, symbolic, name="attention"))), renderer)
   # the PROGRAM's kernel AST is empty: this graph is past the kernel stage (its registers and loops are explicit), so
   # nothing may optimize or lower it again; its LINEAR is complete and any renderer can render it

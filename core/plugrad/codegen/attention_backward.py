@@ -19,6 +19,7 @@ and dP once more. docs/optimizer.md, "The fused attention kernel".
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from plugrad.codegen.attention import (
   LOG2E,
@@ -97,9 +98,10 @@ def _vsum(xs: list[UOp], op: Ops = Ops.ADD) -> UOp:
   return _hreduce(acc, op)
 
 
-def backward_q_kernel(sh: AttentionShape, renderer: Renderer) -> UOp:
+def backward_q_kernel(sh: AttentionShape, renderer: Renderer, stats_given: bool = False) -> UOp:
   """Buffers: 0 dq (BH, L, E), 1 lse2 float32 (BH, L), 2 D float32 (BH, L), 3 q (BH, L, E), 4 kᵀ (BH, E, S), 5 k (BH, S, E),
-  6 vᵀ (BH, Ev, S), 7 dO (BH, L, Ev), 8 the mask (as the forward's slot 5) when `sh.mask`."""
+  6 vᵀ (BH, Ev, S), 7 dO (BH, L, Ev), 8 the mask (as the forward's slot 5) when `sh.mask`. `stats_given`: lse2 and D are
+  inputs (from the forward's log-sum-exp and output) and pass 1 is skipped; else the kernel computes and writes them."""
   L, S, E, Ev = sh.L, sh.S, sh.E, sh.Ev
   R, nv, w, u = backward_tiling(renderer, L, S, (E,))
   W, b = nv * w, _Builder(sh, renderer, L, R)
@@ -128,27 +130,10 @@ def backward_q_kernel(sh: AttentionShape, renderer: Renderer) -> UOp:
     dps = [UOp(Ops.REDUCE, F32.vec(w), (dov * b.vload(vt, bh * (Ev * S) + ev * S + j0 + c * w, w), ev), Ops.ADD) for c in range(nv)]
     return ss, dps
 
-  # pass 1: per row the online max m, sum l and the rescaled Σ P∘dP (d), as the forward's m and l
-  jb1, e1, ev1 = UOp.range(nblocks, 1, AxisType.REDUCE), UOp.range(E, 2, AxisType.REDUCE), UOp.range(Ev, 3, AxisType.REDUCE)
-  updates: list[UOp] = []
-  stats: list[tuple[UOp, UOp, UOp]] = []
-  for i in rows:
-    ss, dps = block(i, jb1, e1, ev1)
-    regs = (b.reg(1), b.reg(1), b.reg(1))
-    stats.append(regs)
-    m_old, l_old, d_old = b.state(regs[0], -math.inf, jb1), b.state(regs[1], 0.0, jb1), b.state(regs[2], 0.0, jb1)
-    m_new = m_old.maximum(_vsum(ss, Ops.MAX))
-    m_safe = m_new.ne(-math.inf).where(m_new, UOp.const(F32, 0.0))  # a row masked so far: exp2(-inf - 0) = 0, not nan
-    corr = (m_old - m_safe).exp2()
-    ps = [(x - _bcast(m_safe, w)).exp2() for x in ss]
-    updates += [regs[0].index(UOp.const(dtypes.index, 0)).store(m_new), regs[1].index(UOp.const(dtypes.index, 0)).store(l_old * corr + _vsum(ps)),
-                regs[2].index(UOp.const(dtypes.index, 0)).store(d_old * corr + _vsum([p * d for p, d in zip(ps, dps)]))]
-  loop1 = UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(updates)), jb1))
   zero = UOp.const(dtypes.index, 0)
-  final = [tuple(UOp(Ops.LOAD, F32, (r.index(zero), loop1)) for r in regs) for regs in stats]
-  lses = [m + l.log2() for m, l, _ in final]
-  ds_means = [d * l.reciprocal() for _, l, d in final]
-
+  if stats_given:
+    lses, ds_means = [lse2.index(bh * L + i).load() for i in rows], [dsum.index(bh * L + i).load() for i in rows]
+  else: lses, ds_means = _row_statistics(b, rows, nblocks, w, block)
   # pass 2: dS = P∘(dP − D) per block, kept in a register array; dQ += dS·k as a loop over the block's score vectors
   jb2, e2, ev2, cv = (UOp.range(nblocks, 4, AxisType.REDUCE), UOp.range(E, 5, AxisType.REDUCE), UOp.range(Ev, 6, AxisType.REDUCE),
                       UOp.range(nv, 7, AxisType.REDUCE))
@@ -175,10 +160,36 @@ def backward_q_kernel(sh: AttentionShape, renderer: Renderer) -> UOp:
   for i, row_accs, lse_i, d_i in zip(rows, accs, lses, ds_means):
     for kk, areg in enumerate(row_accs):
       stores.append(dq.index(bh * (L * E) + i * E + kk * u, b.gate).store((UOp(Ops.LOAD, F32.vec(u), (areg, loop2)) * scale).cast(dt.vec(u))))
-    stores += [lse2.index(bh * L + i, b.gate).store(lse_i), dsum.index(bh * L + i, b.gate).store(d_i)]
+    if not stats_given: stores += [lse2.index(bh * L + i, b.gate).store(lse_i), dsum.index(bh * L + i, b.gate).store(d_i)]
   body = UOp(Ops.GROUP, dtypes.void, tuple(stores))
   if b.g.op is Ops.RANGE: body = UOp(Ops.END, dtypes.void, (body, b.g))
-  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(sh.name.replace("flash_attn", "flash_attn_bwd_q", 1), (), ()))
+  name = sh.name.replace("flash_attn", "flash_attn_bwd_q" if stats_given else "flash_attn_bwd_q2", 1)
+  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, (), ()))
+
+
+def _row_statistics(b: _Builder, rows: list[UOp], nblocks: int | UOp, w: int,
+                    block: Callable[[UOp, UOp, UOp, UOp], tuple[list[UOp], list[UOp]]]) -> tuple[list[UOp], list[UOp]]:
+  """Pass 1 of backward_q: per row the online max m, sum l and the rescaled Σ P∘dP (d), as the forward's m and l; the
+  rows' lse2 = m + log2 l and D = d / l."""
+  E, Ev = b.sh.E, b.sh.Ev
+  jb1, e1, ev1 = UOp.range(nblocks, 1, AxisType.REDUCE), UOp.range(E, 2, AxisType.REDUCE), UOp.range(Ev, 3, AxisType.REDUCE)
+  zero = UOp.const(dtypes.index, 0)
+  updates: list[UOp] = []
+  stats: list[tuple[UOp, UOp, UOp]] = []
+  for i in rows:
+    ss, dps = block(i, jb1, e1, ev1)
+    regs = (b.reg(1), b.reg(1), b.reg(1))
+    stats.append(regs)
+    m_old, l_old, d_old = b.state(regs[0], -math.inf, jb1), b.state(regs[1], 0.0, jb1), b.state(regs[2], 0.0, jb1)
+    m_new = m_old.maximum(_vsum(ss, Ops.MAX))
+    m_safe = m_new.ne(-math.inf).where(m_new, UOp.const(F32, 0.0))  # a row masked so far: exp2(-inf - 0) = 0, not nan
+    corr = (m_old - m_safe).exp2()
+    ps = [(x - _bcast(m_safe, w)).exp2() for x in ss]
+    updates += [regs[0].index(zero).store(m_new), regs[1].index(zero).store(l_old * corr + _vsum(ps)),
+                regs[2].index(zero).store(d_old * corr + _vsum([p * d for p, d in zip(ps, dps)]))]
+  loop1 = UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(updates)), jb1))
+  final = [tuple(UOp(Ops.LOAD, F32, (r.index(zero), loop1)) for r in regs) for regs in stats]
+  return [m + l.log2() for m, l, _ in final], [d * l.reciprocal() for _, l, d in final]
 
 
 def backward_kv_kernel(sh: AttentionShape, renderer: Renderer) -> UOp:

@@ -18,7 +18,8 @@ from plugrad.dtype import dtypes
 from plugrad.gradient import Grads, register_kernel_gradient
 from plugrad.helpers import ContextVar, prod
 from plugrad.tensor.custom import launch_program
-from plugrad.uop.ops import UOp
+from plugrad.tensor.helpers import is_buffer_form
+from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
   from plugrad.codegen.attention import AttentionShape
@@ -85,20 +86,31 @@ def _backward_rule(sh: AttentionShape, renderer: Renderer) -> Callable[[UOp, int
     do = Tensor._wrap(g)
     plain = _plain_grads(sh, q, kt, v, mask[0] if mask else None, do)
     if FLASH_ATTENTION.value != 1: return plain
-    return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask[0] if mask else None, do), *plain[5:])
+    # the forward's output and log-sum-exp, unless this is the origin of a realized output (their buffers are constants there)
+    outs = [Tensor._wrap(UOp(Ops.AFTER, s.dtype, (s, kernel))) for s in kernel.src[:2]] if all(map(is_buffer_form, kernel.src[:2])) else None
+    return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask[0] if mask else None, do, outs), *plain[5:])
   return rule
 
 
-def _fused_grads(sh: AttentionShape, renderer: Renderer, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None, do: Tensor) -> tuple[UOp, ...]:
-  """(dQ, dKᵀ, dV) by the two backward kernels (codegen/attention_backward.py), with the transposed copies they read."""
-  from plugrad.codegen.attention import attention_program
+def _fused_grads(sh: AttentionShape, renderer: Renderer, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None, do: Tensor,
+                 outs: list[Tensor] | None) -> tuple[UOp, ...]:
+  """(dQ, dKᵀ, dV) by the backward kernels (codegen/attention_backward.py), with the transposed copies they read. With
+  the forward's (output, log-sum-exp) `outs`, D = rowsum(dO∘O) and the base-2 log-sum-exp are given to the dQ kernel;
+  without, it computes them in a first pass over the keys."""
+  from plugrad.codegen.attention import LOG2E, attention_program
   from plugrad.tensor.tensor import Tensor
   BH, L, S, E, Ev, dt = sh.B * sh.H, sh.L, sh.S, sh.E, sh.Ev, sh.dtype
   do = do.cast(dt).reshape(BH, L, Ev)
   k = kt.transpose(1, 2).contiguous()
-  dq, lse2, dsum = Tensor.empty(BH, L, E, dtype=dt, device=q.device), Tensor.empty(BH, L, device=q.device), Tensor.empty(BH, L, device=q.device)
+  dq = Tensor.empty(BH, L, E, dtype=dt, device=q.device)
   m = [mask] if mask is not None else []
-  launch_program(attention_program(sh, renderer, "backward_q"), dq, lse2, dsum, q, kt, k, v.transpose(1, 2).contiguous(), do, *m)
+  kv = (q, kt, k, v.transpose(1, 2).contiguous(), do, *m)
+  if outs is not None:
+    lse2, dsum = outs[1] * LOG2E, (do.float() * outs[0].float()).sum(-1)
+    launch_program(attention_program(sh, renderer, "backward_q_stats"), dq, lse2, dsum, *kv)
+  else:
+    lse2, dsum = Tensor.empty(BH, L, device=q.device), Tensor.empty(BH, L, device=q.device)
+    launch_program(attention_program(sh, renderer, "backward_q"), dq, lse2, dsum, *kv)
   if mask is not None and (sh.mask or (False, False, False))[2]: m = [mask.transpose(-1, -2).contiguous()]  # the keys' queries contiguous
   dk, dv = Tensor.empty(BH, S, E, dtype=dt, device=q.device), Tensor.empty(BH, S, Ev, dtype=dt, device=q.device)
   launch_program(attention_program(sh, renderer, "backward_kv"), dk, dv, k, q.transpose(1, 2).contiguous(), v, do.transpose(1, 2).contiguous(),

@@ -449,7 +449,7 @@ def suite() -> dict[str, Callable[[Renderer], SuiteKernel]]:
            (dtypes.int64, dtypes.float64), (dtypes.uint32, dtypes.float32)]
   for s, d in pairs: out[f"cast-{dname(s)}-{dname(d)}"] = cast(s, d)
   for fn in (reduce_rows, symbolic_size, gated, global_ids, workgroup, shared_reduce, vectors, where_select, threefry, flash_attention,
-             flash_attention_backward_q, flash_attention_backward_kv):
+             flash_attention_backward_q, flash_attention_backward_q_stats, flash_attention_backward_kv):
     out[fn.__name__] = fn
   return out
 
@@ -522,17 +522,23 @@ def _attention_backward_case() -> tuple[Any, dict[str, np.ndarray]]:
               "dk": np.swapaxes(ds, 1, 2) @ q * sh.scale, "dv": np.swapaxes(p, 1, 2) @ do}
 
 
-def flash_attention_backward_q(r: Renderer) -> SuiteKernel:
-  """The fused backward's query kernel (codegen/attention_backward.py): dQ (slot 0), lse2 (1) and D (2) of one case."""
+def flash_attention_backward_q(r: Renderer, stats_given: bool = False) -> SuiteKernel:
+  """The fused backward's query kernel (codegen/attention_backward.py): dQ (slot 0) and, computed in its first pass,
+  lse2 (1) and D (2) of one case; `stats_given`: lse2 and D are inputs (the one-pass kernel)."""
   from plugrad.codegen.attention import attention_linear
   sh, c = _attention_backward_case()
   t = np.swapaxes
   ins = {3: c["q"], 4: t(c["k"], 1, 2), 5: c["k"], 6: t(c["v"], 1, 2), 7: c["do"], 8: c["mask"]}
   outs = {0: c["dq"], 1: c["lse2"], 2: c["D"]}
-  return SuiteKernel(sh.name.replace("flash_attn", "flash_attn_bwd_q"), [], {i: np.ascontiguousarray(x).ravel() for i, x in ins.items()},
+  if stats_given: ins, outs = {**ins, 1: outs.pop(1), 2: outs.pop(2)}, outs
+  name, kind = ("flash_attn_bwd_q", "backward_q_stats") if stats_given else ("flash_attn_bwd_q2", "backward_q")
+  return SuiteKernel(sh.name.replace("flash_attn", name), [], {i: np.ascontiguousarray(x).ravel().astype(np.float32) for i, x in ins.items()},
                      {i: x.ravel().astype(np.float32) for i, x in outs.items()}, {i: x.size for i, x in {**ins, **outs}.items()},
                      dict.fromkeys(range(9), dtypes.float32), rtol=1e-4, atol=1e-5,
-                     build=lambda device, rr: attention_linear(sh, rr, device, "backward_q"))
+                     build=lambda device, rr: attention_linear(sh, rr, device, kind))
+
+
+def flash_attention_backward_q_stats(r: Renderer) -> SuiteKernel: return flash_attention_backward_q(r, stats_given=True)
 
 
 def flash_attention_backward_kv(r: Renderer) -> SuiteKernel:
