@@ -331,10 +331,11 @@ def decompose(sink: UOp, renderer: Renderer) -> UOp:
   """`sink` with the shared decompositions for `renderer` applied, then the renderer's `extra_matcher`."""
   if any(_is_address_vector(u) for u in sink.toposort): sink = graph_rewrite(sink, _SPLIT_PM, name="address lanes")
   if any(_needs_polynomial(renderer, u) for u in sink.toposort): sink = graph_rewrite(sink, _MATH_PM, ctx=renderer, name="transcendentals")
-  # ctx: the guarded ops already written, so the guard around one is not matched again. Most kernels have none of the
-  # ops these rules rewrite, and a rewrite that matches nothing returns its input: not walked again
+  # ctx: the guarded ops already written, so the guard around one is not matched again. A rewrite in which no rule fires
+  # on any node returns its input, so the kernel is walked only when one fires somewhere: most kernels have none of these
+  # ops, or only divisions by constants (no guard needed)
   pm = decompositions(renderer)
-  if any(u.op in pm.fast for u in sink.toposort): sink = graph_rewrite(sink, pm, ctx=set(), name="decompose")
+  if any(u.op in pm.fast and pm.rewrite(u, set()) is not None for u in sink.toposort): sink = graph_rewrite(sink, pm, ctx=set(), name="decompose")
   # after the guards (a bfloat16 MAX may have become selects); the emulation's own shifts are by constants in range
   if not renderer.native_bfloat16 and any(u.dtype.base.scalar() is _BF16 for u in sink.toposort):
     sink = graph_rewrite(sink, _BF16_PM, name="bfloat16 emulation")
