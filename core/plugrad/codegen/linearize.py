@@ -7,6 +7,8 @@ sources the lowering added, and narrows the symbolic `index` dtype to int32 (int
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.uop.ops import Ops, UOp
 
@@ -93,25 +95,29 @@ def linearize(sink: UOp) -> list[UOp]:
     return sorted(out, key=order.__getitem__)
 
   out: list[UOp] = []
-
-  def emit(bi: int) -> None:
-    done: set[UOp] = set()
-    for m in members[bi]:
-      stack = [(m, False)]
-      while stack:
-        x, ready = stack.pop()
-        if x in done: continue
-        if not ready:
-          stack.append((x, True))
-          stack.extend((d, False) for d in reversed(deps(x, bi)) if d not in done)
-          continue
-        done.add(x)
-        if x.op is Ops.END:
-          out.append(x.src[1])
-          emit(block_of_end[x])
-        out.append(x)
-
-  emit(0)
+  # the blocks being emitted, innermost last (a loop's body goes out where its END is reached, then the END): per block
+  # its members not started yet, the walk of the current one (a node after what it waits for), the nodes done and the
+  # END closing it. A loop, not a recursive closure: that would be a reference cycle holding every table above
+  frames: list[tuple[int, Iterator[UOp], list[tuple[UOp, bool]], set[UOp], UOp | None]] = [(0, iter(members[0]), [], set(), None)]
+  while frames:
+    bi, todo, stack, done, end = frames[-1]
+    if not stack:
+      if (m := next(todo, None)) is None:
+        frames.pop()
+        if end is not None: out.append(end)
+        continue
+      stack.append((m, False))
+    x, ready = stack.pop()
+    if x in done: continue
+    if not ready:
+      stack.append((x, True))
+      stack.extend((d, False) for d in reversed(deps(x, bi)) if d not in done)
+      continue
+    done.add(x)
+    if x.op is Ops.END:
+      out.append(x.src[1])
+      frames.append((block_of_end[x], iter(members[block_of_end[x]]), [], set(), x))
+    else: out.append(x)
   return _finalize(out)
 
 
