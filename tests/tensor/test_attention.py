@@ -176,8 +176,8 @@ def test_fused_attention_policy_by_flag_and_dropout():
 
 def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():
   """A causal self-attention block's training step under TinyJit: the fused forward and the two fused backward kernels
-  are one launch each per step (FLASH_ATTENTION=1; 2: the forward only), replayed, and the weights' gradients match the
-  plain formula's."""
+  are one launch each per step (FLASH_ATTENTION=3; the forward only with 2, and with 1 on a CPU for scores this small),
+  replayed, and the weights' gradients match the plain formula's."""
   from plugrad import TinyJit
   x = T(2, 32, 16)
   def step(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -187,7 +187,7 @@ def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():
     (out * out).sum().backward()
     return out.realize(), w.grad.realize()
   got, w0 = {}, RNG.standard_normal((16, 48)).astype(np.float32) * 0.3
-  for flash in (1, 2, 0):
+  for flash in (3, 1, 2, 0):
     with Context(FLASH_ATTENTION=flash):
       w = Tensor(w0, device="CPU", requires_grad=True)
       w.realize()
@@ -195,9 +195,9 @@ def test_fused_attention_trains_under_tinyjit_like_the_plain_formula():
       for _ in range(3): out, g = jit(w)
       names = [ei.runner.program.name for ei in jit.captured.items if hasattr(ei.runner, "program")]
       kinds = sorted(n.split("_")[2] if "_bwd_" in n else "fwd" for n in names if n.startswith("flash_attn"))
-      assert kinds == {1: ["bwd", "bwd", "fwd"], 2: ["fwd"], 0: []}[flash]
+      assert kinds == {3: ["bwd", "bwd", "fwd"], 1: ["fwd"], 2: ["fwd"], 0: []}[flash]  # 1: scores this small take the ops backward
       got[flash] = (out.numpy(), g.numpy())
-  for flash in (1, 2):
+  for flash in (3, 1, 2):
     np.testing.assert_allclose(got[flash][0], got[0][0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[flash][1], got[0][1], rtol=1e-4, atol=1e-5)
 
@@ -219,7 +219,7 @@ def test_fused_backward_after_the_output_was_realized():
   one-pass kernel that reads them (flash_attn_bwd_q) and as the plain formula."""
   q, k, v, g = (RNG.standard_normal((2, 3, 24, 8)).astype(np.float32) for _ in range(4))
   grads = {}
-  for flash, realize_first in ((1, False), (1, True), (0, False)):
+  for flash, realize_first in ((3, False), (3, True), (0, False)):
     with Context(FLASH_ATTENTION=flash):
       ts = [Tensor(x, device="CPU", requires_grad=True) for x in (q, k, v)]
       out = ts[0].scaled_dot_product_attention(ts[1], ts[2], is_causal=True)
@@ -229,5 +229,19 @@ def test_fused_backward_after_the_output_was_realized():
       if flash: assert {n.split("_6_")[0] for n in names} == ({"flash_attn_bwd_q2"} if realize_first else {"flash_attn", "flash_attn_bwd_q"}), names
       loss.backward()
       grads[(flash, realize_first)] = [t.grad.numpy() for t in ts]
-  for key in ((1, False), (1, True)):
+  for key in ((3, False), (3, True)):
     for a, b in zip(grads[key], grads[(0, False)]): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_backward_policy():
+  """FLASH_ATTENTION=1 takes the fused backward on devices with workgroups and, on a CPU, from one score matrix of
+  FUSED_BACKWARD_SCORE_BYTES on (it costs more work there and saves memory); 2 never, 3 always."""
+  from plugrad.codegen.attention import AttentionShape
+  from plugrad.device.registry import Device
+  from plugrad.tensor.attention import FUSED_BACKWARD_SCORE_BYTES, _fused_backward
+  small, big = AttentionShape(2, 4, 128, 128, 32, 32), AttentionShape(4, 12, 1024, 1024, 64, 64)
+  assert 2 * 4 * 128 * 128 * 4 < FUSED_BACKWARD_SCORE_BYTES <= 4 * 12 * 1024 * 1024 * 4
+  for mode, want in ((1, (False, True, True)), (2, (False, False, False)), (3, (True, True, True))):
+    with Context(FLASH_ATTENTION=mode):
+      assert (_fused_backward(small, Device["CPU"].renderer), _fused_backward(big, Device["CPU"].renderer),
+              _fused_backward(small, Device["PYTHON"].renderer)) == want

@@ -4,9 +4,10 @@ the scores and probabilities never reach memory, forward or backward. The launch
 backward kernels. It reads only the launch's inputs, so an output that was realized (logged) before `backward()` keeps
 no reference to its own buffer (gradient.kernel_output_origin).
 
-`FLASH_ATTENTION`: 1 (default) the fused kernels wherever they apply, 2 the fused forward with a backward by ordinary
-tensor ops (P and dS in memory once each), 0 the plain formula (q·kᵀ, softmax, ·v: three kernels, two (B, H, L, S)
-buffers). Figures: docs/benchmarks.md, "Fused attention".
+`FLASH_ATTENTION`: 1 (default) the fused forward wherever it applies, with the fused backward where `_fused_backward`
+says it pays (GPUs; large score matrices on a CPU), else a backward by ordinary tensor ops (P and dS in memory once
+each); 2 always that ordinary-ops backward, 3 always the fused one; 0 the plain formula (q·kᵀ, softmax, ·v: three
+kernels, two (B, H, L, S) buffers). Figures: docs/benchmarks.md, "Fused attention".
 """
 from __future__ import annotations
 
@@ -26,7 +27,20 @@ if TYPE_CHECKING:
   from plugrad.renderer.base import Renderer
   from plugrad.tensor.tensor import Tensor
 
-FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", 1, (0, 1, 2))  # 0 plain formula, 1 fused forward and backward, 2 fused forward only
+# 0 the plain formula; the fused forward with 1 the backward `_fused_backward` picks, 2 the ordinary-ops backward, 3 the fused backward
+FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", 1, (0, 1, 2, 3))
+# On a CPU the fused backward does 7 matmuls' work where the ordinary-ops backward does 5 (it recomputes the scores and
+# dP in both of its kernels) and took 1.2-1.6x its time (2 threads and 1), but it keeps P and dS out of memory: 4x12x1024²
+# causal fwd+bwd peaked at 872 MB instead of 2.0 GB. It is taken where those two (B, H, L, S) float32 buffers matter.
+FUSED_BACKWARD_SCORE_BYTES = 64 << 20
+
+
+def _fused_backward(sh: AttentionShape, renderer: Renderer) -> bool:
+  """Whether the backward of `sh` takes the fused kernels: FLASH_ATTENTION=3 always, 1 on devices with workgroups (their
+  memory traffic is what the scores cost) and elsewhere when one (B, H, L, S) float32 score matrix is at least
+  FUSED_BACKWARD_SCORE_BYTES."""
+  if FLASH_ATTENTION.value in (0, 2): return False
+  return FLASH_ATTENTION.value == 3 or renderer.has_local or sh.B * sh.H * sh.L * sh.S * 4 >= FUSED_BACKWARD_SCORE_BYTES
 _FUSED_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
 
@@ -76,16 +90,16 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
 
 
 def _backward_rule(sh: AttentionShape, renderer: Renderer) -> Callable[[UOp, int, UOp], Grads]:
-  """The derivative of one launch, from its inputs alone (a realized output keeps no reference to its own buffer): dQ,
-  dK and dV by the fused backward kernels (FLASH_ATTENTION=1), or all by `_plain_grads` (2); a float mask's gradient
-  always by `_plain_grads` (lazy: computed only when the mask requires it)."""
+  """The derivative of one launch (a realized output keeps no reference to its own buffer): dQ, dK and dV by the fused
+  backward kernels where `_fused_backward` says so, else all by `_plain_grads`; a float mask's gradient always by
+  `_plain_grads` (lazy: computed only when the mask requires it)."""
   def rule(kernel: UOp, slot: int, g: UOp) -> Grads:
     from plugrad.tensor.tensor import Tensor
     if slot != 0: return (None,) * len(kernel.src)  # lse is an internal output: nothing outside uses it
     _, _, q, kt, v, *mask = (Tensor._wrap(s) for s in kernel.src)
     do = Tensor._wrap(g)
     plain = _plain_grads(sh, q, kt, v, mask[0] if mask else None, do)
-    if FLASH_ATTENTION.value != 1: return plain
+    if not _fused_backward(sh, renderer): return plain
     # the forward's output and log-sum-exp, unless this is the origin of a realized output (their buffers are constants there)
     outs = [Tensor._wrap(UOp(Ops.AFTER, s.dtype, (s, kernel))) for s in kernel.src[:2]] if all(map(is_buffer_form, kernel.src[:2])) else None
     return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask[0] if mask else None, do, outs), *plain[5:])
