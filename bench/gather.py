@@ -44,13 +44,14 @@ def main() -> None:
   Ix, S = Tensor(idx, device=args.device).realize(), Tensor(src, device=args.device).realize()
   lookup = TinyJit(lambda i: W[i].realize())
   rows.setdefault("embedding lookup 30522x384[32x128]", {})["plugrad"] = best(lambda: lookup(I), args.reps)
+  def scatter_adds(label: str) -> None:
+    Wg = Tensor(w, device=args.device, requires_grad=True).realize()
+    grad = TinyJit(lambda i, gg: (Wg[i] * gg).sum().gradient(Wg)[0].realize())
+    rows.setdefault("embedding grad (scatter-add)", {})[f"plugrad {label}"] = best(lambda: grad(I, G), args.reps)
+    add = TinyJit(lambda i, s: Tensor.zeros(BINS, device=args.device).contiguous().scatter_reduce(0, i, s, "sum").realize())
+    rows.setdefault(f"index_add 4M -> {BINS} bins", {})[f"plugrad {label}"] = best(lambda: add(Ix, S), args.reps)
   for mode, label in ((0, "serial"), (2, "atomic")):
-    with Context(SCATTER_ATOMIC=mode):
-      Wg = Tensor(w, device=args.device, requires_grad=True).realize()
-      grad = TinyJit(lambda i, gg: (Wg[i] * gg).sum().gradient(Wg)[0].realize())
-      rows.setdefault("embedding grad (scatter-add)", {})[f"plugrad {label}"] = best(lambda: grad(I, G), args.reps)
-      add = TinyJit(lambda i, s: Tensor.zeros(BINS, device=args.device).contiguous().scatter_reduce(0, i, s, "sum").realize())
-      rows.setdefault(f"index_add 4M -> {BINS} bins", {})[f"plugrad {label}"] = best(lambda: add(Ix, S), args.reps)
+    with Context(SCATTER_ATOMIC=mode): scatter_adds(label)
 
   rows["embedding lookup 30522x384[32x128]"]["numpy"] = best(lambda: w[ids], args.reps)
   def np_grad() -> None:
@@ -63,7 +64,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tw, tids, tg, tidx, tsrc = (torch.from_numpy(x) for x in (w, ids, g, idx.astype(np.int64), src))
     rows["embedding lookup 30522x384[32x128]"]["torch"] = best(lambda: torch.nn.functional.embedding(tids, tw), args.reps)
-    rows["embedding grad (scatter-add)"]["torch"] = best(lambda: torch.zeros_like(tw).index_add_(0, tids.reshape(-1).long(), tg.reshape(-1, D)), args.reps)
+    flat_ids, flat_g = tids.reshape(-1).long(), tg.reshape(-1, D)
+    rows["embedding grad (scatter-add)"]["torch"] = best(lambda: torch.zeros_like(tw).index_add_(0, flat_ids, flat_g), args.reps)
     rows[f"index_add 4M -> {BINS} bins"]["torch"] = best(lambda: torch.zeros(BINS).index_add_(0, tidx, tsrc), args.reps)
   except ImportError: print("torch not installed: its column is missing")
   print(f"gather / scatter-add (ms, best of {args.reps}, {args.threads} threads, device {args.device})")
