@@ -145,10 +145,12 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     for x in xs[1:]: acc = UOp(op, acc.dtype, (acc, x))
     return _hreduce(acc, op)
   cv = UOp.range(nv, 3, AxisType.REDUCE)
-  def pv(acc: UOp, p: UOp, c: UOp, k: int) -> UOp:  # acc + Σ_t p[t]·v[key c·w + t, value chunk k]
-    for t, lane in enumerate(_lanes(p)):
-      vrow = v.index(bh * (S * Ev) + (j0 + c * w + t) * Ev + k * u).load(dtype=dt.vec(u)).cast(f32.vec(u))
-      acc = UOp(Ops.MULACC, acc.dtype, (_bcast(lane, u), vrow, acc))
+  vrows: dict[tuple[int, int], UOp] = {}  # every row's P·V reads the same values: built once, not once per row
+  def vrow(t: int, k: int) -> UOp:
+    if (key := (t, k)) not in vrows: vrows[key] = v.index(bh * (S * Ev) + (j0 + cv * w + t) * Ev + k * u).load(dtype=dt.vec(u)).cast(f32.vec(u))
+    return vrows[key]
+  def pv(acc: UOp, p: UOp, k: int) -> UOp:  # acc + Σ_t p[t]·v[key cv·w + t, value chunk k]
+    for t, lane in enumerate(_lanes(p)): acc = UOp(Ops.MULACC, acc.dtype, (_bcast(lane, u), vrow(t, k), acc))
     return acc
   updates: list[UOp] = []
   pv_updates: list[UOp] = []
@@ -189,7 +191,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     for k, areg in enumerate(acc_regs):
       p_c = UOp(Ops.LOAD, f32.vec(w), (p_arr.index(cv), kept, cv))
       acc = UOp(Ops.LOAD, f32.vec(u), (areg, areg.store(_bcast(UOp.const(f32, 0.0), u), *ranges_here), cv))
-      pv_updates.append(areg.store(pv(first.where(acc * _bcast(corr, u), acc), p_c, cv, k)))
+      pv_updates.append(areg.store(pv(first.where(acc * _bcast(corr, u), acc), p_c, k)))
   updates.append(UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(pv_updates)), cv)))
   loop = UOp(Ops.END, dtypes.void, (UOp(Ops.GROUP, dtypes.void, tuple(updates)), jb))
   stores = []

@@ -63,6 +63,7 @@ class _Builder:
     self.bh, self.t0 = self.g // self.tiles_per_head, (self.g % self.tiles_per_head) * R
     self.here = (self.g,) if self.g.op is Ops.RANGE else ()
     self.regs = REG_IDS
+    self.rows: dict[tuple[UOp, UOp, int, int, int, int], UOp] = {}
 
   def glob(self, slot: int, n: int, d: DType) -> UOp: return UOp(Ops.DEFINE_GLOBAL, d.ptr(n), (), slot)
   def vload(self, buf: UOp, idx: UOp, n: int) -> UOp: return buf.index(idx).load(dtype=buf.dtype.base.vec(n)).cast(F32.vec(n))
@@ -88,7 +89,9 @@ class _Builder:
   def accumulate(self, acc: UOp, weights: UOp, rows: UOp, row0: UOp, width: int, k: int, u: int) -> UOp:
     """acc + Σ_t weights[t]·rows[row0 + t, chunk k] (rows of `width` elements, chunks of u)."""
     for t, lane in enumerate(_lanes(weights)):
-      acc = UOp(Ops.MULACC, acc.dtype, (_bcast(lane, u), self.vload(rows, (row0 + t) * width + k * u, u), acc))
+      # every row of the tile reads the same chunks: built once (building the address arithmetic is most of the cost)
+      if (key := (rows, row0, width, k, u, t)) not in self.rows: self.rows[key] = self.vload(rows, (row0 + t) * width + k * u, u)
+      acc = UOp(Ops.MULACC, acc.dtype, (_bcast(lane, u), self.rows[key], acc))
     return acc
 
 
