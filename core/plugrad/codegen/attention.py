@@ -62,9 +62,22 @@ class AttentionShape:
     return f"flash_attn_{self.B * self.H}_{self.L}_{self.S}_{self.E}" + ("_causal" if self.causal else "_mask" if self.mask else "")
 
   @property
+  def mask_dims(self) -> tuple[bool, bool, bool]:
+    """Which of (batch, head, query) the mask varies along (all False without a mask)."""
+    return self.mask or (False, False, False)
+
+  @property
   def mask_numel(self) -> int:
-    m = self.mask or (False, False, False)
+    m = self.mask_dims
     return (self.B if m[0] else 1) * (self.H if m[1] else 1) * (self.L if m[2] else 1) * self.S
+
+  def mask_offset(self, bh: UOp, i: UOp | None) -> UOp:
+    """The element offset of (head bh of B·H[, query i]) in the mask (B?, H?, L?, S), or with i None in its transpose
+    (B?, H?, S, L?)."""
+    mb, mh, ml = self.mask_dims
+    off = (bh // self.H) * ((self.H if mh else 1) * (self.L if ml else 1) * self.S) if mb else UOp.const(dtypes.index, 0)
+    if mh: off = off + (bh % self.H) * ((self.L if ml else 1) * self.S)
+    return off + i * self.S if ml and i is not None else off
 
 
 def _pow2_dividing(n: int, cap: int) -> int:
@@ -159,11 +172,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
     qv = _bcast(q.index(bh * (L * E) + i * E + e).load().cast(f32), w)
     ss = [UOp(Ops.REDUCE, f32.vec(w), (qv * kv, e), Ops.ADD) * scale2 for kv in kvecs]
     if mask is not None:
-      mb, mh, ml = sh.mask or (False, False, False)
-      midx = (bh // sh.H) * ((sh.H if mh else 1) * (L if ml else 1) * S) if mb else UOp.const(dtypes.index, 0)
-      if mh: midx = midx + (bh % sh.H) * ((L if ml else 1) * S)
-      if ml: midx = midx + i * S
-      ss = [x + mask.index(midx + j0 + c * w).load(dtype=f32.vec(w)) * log2e for c, x in enumerate(ss)]
+      ss = [x + mask.index(sh.mask_offset(bh, i) + j0 + c * w).load(dtype=f32.vec(w)) * log2e for c, x in enumerate(ss)]
     if sh.causal:
       # key j0 + c·w + t is seen when c·w + t < i - j0 + 1: one vector comparison per score vector
       lim = _bcast(i - j0 + 1, w)

@@ -55,12 +55,11 @@ def backward_tiling(renderer: Renderer, rows: int, cols: int, acc_dims: tuple[in
 class _Builder:
   """What both kernels share: the buffers, the instance index and the pieces of the score and gradient algebra."""
   def __init__(self, sh: AttentionShape, renderer: Renderer, rows: int, R: int):
-    self.sh, self.r, self.dt = sh, renderer, sh.dtype
-    self.BH, self.tiles_per_head = sh.B * sh.H, rows // R
-    tiles = self.BH * self.tiles_per_head
-    launch = flat_launch_index(tiles, renderer) if renderer.has_local else None
-    self.g, self.gate = (UOp.range(tiles, 0, AxisType.GLOBAL), None) if launch is None else launch
-    self.bh, self.t0 = self.g // self.tiles_per_head, (self.g % self.tiles_per_head) * R
+    self.sh, self.BH = sh, sh.B * sh.H
+    per_head = rows // R
+    launch = flat_launch_index(self.BH * per_head, renderer) if renderer.has_local else None
+    self.g, self.gate = (UOp.range(self.BH * per_head, 0, AxisType.GLOBAL), None) if launch is None else launch
+    self.bh, self.t0 = self.g // per_head, (self.g % per_head) * R
     self.here = (self.g,) if self.g.op is Ops.RANGE else ()
     self.regs = REG_IDS
     self.rows: dict[tuple[UOp, UOp, int, int, int, int], UOp] = {}
@@ -77,14 +76,6 @@ class _Builder:
     """The value of register `reg` (one element) at the top of `loop`'s body, `init` before the loop."""
     ix = reg.index(UOp.const(dtypes.index, 0))
     return UOp(Ops.LOAD, ix.dtype.base, (ix, ix.store(_bcast(UOp.const(F32, init), ix.dtype.base.count), *self.here), loop))
-
-  def mask_offset(self, i: UOp | None) -> UOp:
-    """The element offset of (batch, head[, query i]) in the mask (B?, H?, L?, S), or in its transpose (B?, H?, S, L?)."""
-    sh = self.sh
-    mb, mh, ml = sh.mask or (False, False, False)
-    off = (self.bh // sh.H) * ((sh.H if mh else 1) * (sh.L if ml else 1) * sh.S) if mb else UOp.const(dtypes.index, 0)
-    if mh: off = off + (self.bh % sh.H) * ((sh.L if ml else 1) * sh.S)
-    return off + i * sh.S if ml and i is not None else off
 
   def accumulate(self, acc: UOp, weights: UOp, rows: UOp, row0: UOp, width: int, k: int, u: int) -> UOp:
     """acc + Σ_t weights[t]·rows[row0 + t, chunk k] (rows of `width` elements, chunks of u)."""
@@ -124,7 +115,7 @@ def backward_q_kernel(sh: AttentionShape, renderer: Renderer, stats_given: bool 
     qv = _bcast(b.sload(q, bh * (L * E) + i * E + e), w)
     ss = [UOp(Ops.REDUCE, F32.vec(w), (qv * b.vload(kt, bh * (E * S) + e * S + j0 + c * w, w), e), Ops.ADD) * scale2 for c in range(nv)]
     if mask is not None:
-      ss = [x + mask.index(b.mask_offset(i) + j0 + c * w).load(dtype=F32.vec(w)) * log2e for c, x in enumerate(ss)]
+      ss = [x + mask.index(sh.mask_offset(bh, i) + j0 + c * w).load(dtype=F32.vec(w)) * log2e for c, x in enumerate(ss)]
     if sh.causal:
       lim = _bcast(i - j0 + 1, w)
       seen = [_offsets(c, w) < lim for c in range(nv)]
@@ -227,9 +218,9 @@ def backward_kv_kernel(sh: AttentionShape, renderer: Renderer) -> UOp:
     kv = _bcast(b.sload(k, bh * (S * E) + j * E + e), w)
     ss = [UOp(Ops.REDUCE, F32.vec(w), (kv * qv, e), Ops.ADD) * scale2 for qv in qvecs]
     if mask is not None:
-      if (sh.mask or (False, False, False))[2]:  # (B?, H?, S, L): the queries of key j are contiguous
-        ss = [x + mask.index(b.mask_offset(None) + j * L + i0 + c * w).load(dtype=F32.vec(w)) * log2e for c, x in enumerate(ss)]
-      else: ss = [x + _bcast(mask.index(b.mask_offset(None) + j).load(), w) * log2e for x in ss]
+      if sh.mask_dims[2]:  # (B?, H?, S, L): the queries of key j are contiguous
+        ss = [x + mask.index(sh.mask_offset(bh, None) + j * L + i0 + c * w).load(dtype=F32.vec(w)) * log2e for c, x in enumerate(ss)]
+      else: ss = [x + _bcast(mask.index(sh.mask_offset(bh, None) + j).load(), w) * log2e for x in ss]
     if sh.causal:  # query i0 + c·w + t sees key j when it is not before it
       lim = _bcast(j - i0, w)
       hidden = [_offsets(c, w) < lim for c in range(nv)]

@@ -96,13 +96,13 @@ def _backward_rule(sh: AttentionShape, renderer: Renderer) -> Callable[[UOp, int
   def rule(kernel: UOp, slot: int, g: UOp) -> Grads:
     from plugrad.tensor.tensor import Tensor
     if slot != 0: return (None,) * len(kernel.src)  # lse is an internal output: nothing outside uses it
-    _, _, q, kt, v, *mask = (Tensor._wrap(s) for s in kernel.src)
-    do = Tensor._wrap(g)
-    plain = _plain_grads(sh, q, kt, v, mask[0] if mask else None, do)
-    if not _fused_backward(sh, renderer): return plain
+    _, _, q, kt, v, *masks = (Tensor._wrap(s) for s in kernel.src)
+    do, mask = Tensor._wrap(g), masks[0] if masks else None
+    if not _fused_backward(sh, renderer): return _plain_grads(sh, q, kt, v, mask, do)
     # the forward's output and log-sum-exp, unless this is the origin of a realized output (their buffers are constants there)
     outs = [Tensor._wrap(UOp(Ops.AFTER, s.dtype, (s, kernel))) for s in kernel.src[:2]] if all(map(is_buffer_form, kernel.src[:2])) else None
-    return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask[0] if mask else None, do, outs), *plain[5:])
+    dmask = _plain_grads(sh, q, kt, v, mask, do)[5:] if mask is not None else ()
+    return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask, do, outs), *dmask)
   return rule
 
 
@@ -125,7 +125,7 @@ def _fused_grads(sh: AttentionShape, renderer: Renderer, q: Tensor, kt: Tensor, 
   else:
     lse2, dsum = Tensor.empty(BH, L, device=q.device), Tensor.empty(BH, L, device=q.device)
     launch_program(attention_program(sh, renderer, "backward_q"), dq, lse2, dsum, *kv)
-  if mask is not None and (sh.mask or (False, False, False))[2]: m = [mask.transpose(-1, -2).contiguous()]  # the keys' queries contiguous
+  if mask is not None and sh.mask_dims[2]: m = [mask.transpose(-1, -2).contiguous()]  # the keys' queries contiguous
   dk, dv = Tensor.empty(BH, S, E, dtype=dt, device=q.device), Tensor.empty(BH, S, Ev, dtype=dt, device=q.device)
   launch_program(attention_program(sh, renderer, "backward_kv"), dk, dv, k, q.transpose(1, 2).contiguous(), v, do.transpose(1, 2).contiguous(),
                  q, do, lse2, dsum, *m)
