@@ -94,6 +94,20 @@ def _offsets(c: int, w: int) -> UOp:
   return UOp.const(dtypes.index.vec(w), tuple(c * w + t for t in range(w))) if w > 1 else UOp.const(dtypes.index, c)
 
 
+def masked_scores(sh: AttentionShape, ss: list[UOp], mask: UOp | None, bh: UOp, i: UOp, j0: UOp) -> list[UOp]:
+  """Query row i's base-2 scores over the key block from j0 (score vectors of w keys) with the additive mask (buffer
+  `mask`, as the forward's slot 5) and the causal limit applied."""
+  w = ss[0].dtype.count
+  if mask is not None:
+    log2e = _bcast(UOp.const(dtypes.float32, LOG2E), w)
+    ss = [x + mask.index(sh.mask_offset(bh, i) + j0 + c * w).load(dtype=dtypes.float32.vec(w)) * log2e for c, x in enumerate(ss)]
+  if sh.causal:
+    # key j0 + c·w + t is seen when c·w + t < i - j0 + 1: one vector comparison per score vector
+    lim, ninf = _bcast(i - j0 + 1, w), _bcast(UOp.const(dtypes.float32, -math.inf), w)
+    ss = [(_offsets(c, w) < lim).where(x, ninf) for c, x in enumerate(ss)]
+  return ss
+
+
 def _lanes(x: UOp) -> list[UOp]: return [x] if x.dtype.count == 1 else [x.gep(i) for i in range(x.dtype.count)]
 
 
@@ -149,7 +163,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
   e = UOp.range(E, 2, AxisType.REDUCE)
   j0 = jb * W
   kvecs = [kt.index(bh * (E * S) + e * S + j0 + c * w).load(dtype=dt.vec(w)).cast(f32.vec(w)) for c in range(nv)]
-  scale2, log2e, ninf = _bcast(UOp.const(f32, sh.scale * LOG2E), w), _bcast(UOp.const(f32, LOG2E), w), _bcast(UOp.const(f32, -math.inf), w)
+  scale2 = _bcast(UOp.const(f32, sh.scale * LOG2E), w)
   ranges_here = (g,) if g.op is Ops.RANGE else ()
 
   def reg(n: int, count: int) -> UOp: return UOp(Ops.DEFINE_REG, f32.vec(count).ptr(1, AddrSpace.REG), (), n).index(UOp.const(dtypes.index, 0))
@@ -170,14 +184,7 @@ def attention_kernel(shape: AttentionShape, renderer: Renderer) -> UOp:
   regs: list[tuple[UOp, UOp, list[UOp]]] = []  # per row: m, l and the accumulators
   for r, i in enumerate(rows):
     qv = _bcast(q.index(bh * (L * E) + i * E + e).load().cast(f32), w)
-    ss = [UOp(Ops.REDUCE, f32.vec(w), (qv * kv, e), Ops.ADD) * scale2 for kv in kvecs]
-    if mask is not None:
-      ss = [x + mask.index(sh.mask_offset(bh, i) + j0 + c * w).load(dtype=f32.vec(w)) * log2e for c, x in enumerate(ss)]
-    if sh.causal:
-      # key j0 + c·w + t is seen when c·w + t < i - j0 + 1: one vector comparison per score vector
-      lim = _bcast(i - j0 + 1, w)
-      seen = [_offsets(c, w) < lim for c in range(nv)]
-      ss = [ok.where(x, ninf) for ok, x in zip(seen, ss)]
+    ss = masked_scores(sh, [UOp(Ops.REDUCE, f32.vec(w), (qv * kv, e), Ops.ADD) * scale2 for kv in kvecs], mask, bh, i, j0)
     ids = REG_IDS + r * (3 + Ev // u) + 1
     m_reg, l_reg = reg(ids, 1), reg(ids + 1, 1)
     acc_regs = [reg(ids + 2 + k, u) for k in range(Ev // u)]

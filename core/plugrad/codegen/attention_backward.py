@@ -32,6 +32,7 @@ from plugrad.codegen.attention import (
   _lanes,
   _offsets,
   _pow2_dividing,
+  masked_scores,
 )
 from plugrad.codegen.lower import flat_launch_index
 from plugrad.dtype import AddrSpace, DType, dtypes
@@ -107,19 +108,14 @@ def backward_q_kernel(sh: AttentionShape, renderer: Renderer, stats_given: bool 
   bh, rows = b.bh, [b.t0 + r for r in range(R)]
   nblocks: int | UOp = S // W
   if sh.causal and S // W > 1 and b.g.op is Ops.RANGE: nblocks = ((b.t0 + (R - 1)) // W + 1).minimum(S // W)
-  scale2, log2e, ninf = _bcast(UOp.const(F32, sh.scale * LOG2E), w), _bcast(UOp.const(F32, LOG2E), w), _bcast(UOp.const(F32, -math.inf), w)
+  scale2 = _bcast(UOp.const(F32, sh.scale * LOG2E), w)
 
   def block(i: UOp, jb: UOp, e: UOp, ev: UOp) -> tuple[list[UOp], list[UOp]]:
     """Row i's scaled, masked base-2 scores and dP over key block jb: nv vectors of w keys each."""
     j0 = jb * W
     qv = _bcast(b.sload(q, bh * (L * E) + i * E + e), w)
-    ss = [UOp(Ops.REDUCE, F32.vec(w), (qv * b.vload(kt, bh * (E * S) + e * S + j0 + c * w, w), e), Ops.ADD) * scale2 for c in range(nv)]
-    if mask is not None:
-      ss = [x + mask.index(sh.mask_offset(bh, i) + j0 + c * w).load(dtype=F32.vec(w)) * log2e for c, x in enumerate(ss)]
-    if sh.causal:
-      lim = _bcast(i - j0 + 1, w)
-      seen = [_offsets(c, w) < lim for c in range(nv)]
-      ss = [ok.where(x, ninf) for ok, x in zip(seen, ss)]
+    ss = masked_scores(sh, [UOp(Ops.REDUCE, F32.vec(w), (qv * b.vload(kt, bh * (E * S) + e * S + j0 + c * w, w), e), Ops.ADD) * scale2
+                            for c in range(nv)], mask, bh, i, j0)
     dov = _bcast(b.sload(do, bh * (L * Ev) + i * Ev + ev), w)
     dps = [UOp(Ops.REDUCE, F32.vec(w), (dov * b.vload(vt, bh * (Ev * S) + ev * S + j0 + c * w, w), ev), Ops.ADD) for c in range(nv)]
     return ss, dps
