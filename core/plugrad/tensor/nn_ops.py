@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -513,6 +513,18 @@ def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None, dtype: DTyp
   return x if bias is None else x.add(bias)
 
 
+def sequential(self: Tensor, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+  """Applies the callables (layers, Tensor methods, functions) in order, each to the previous one's result, as
+  tinygrad's `x.sequential([conv, bn, Tensor.relu])`."""
+  if isinstance(ll, (str, bytes)) or not isinstance(ll, Sequence): raise ArgumentError(f"sequential: expected a list of callables, got {type(ll).__name__}")
+  x = self
+  for i, f in enumerate(ll):
+    if not callable(f): raise ArgumentError(f"sequential: item {i} is not callable ({type(f).__name__})")
+    x = f(x)
+    if not isinstance(x, type(self)): raise ArgumentError(f"sequential: item {i} ({getattr(f, '__name__', type(f).__name__)}) returned {type(x).__name__}, not a Tensor")
+  return x
+
+
 class NNMixin:
   """Mixed into `Tensor`: the nn-level methods."""
   training: ClassVar[bool] = False  # `Tensor.training = True` turns dropout on (nn layers and optimizers set it)
@@ -525,4 +537,4 @@ class NNMixin:
   binary_crossentropy = binary_crossentropy; binary_crossentropy_logits = binary_crossentropy_logits
   sparse_categorical_crossentropy = sparse_categorical_crossentropy; cross_entropy = cross_entropy; nll_loss = nll_loss; interpolate = interpolate
   einsum = staticmethod(einsum)
-  linear = linear
+  linear = linear; sequential = sequential
