@@ -516,12 +516,14 @@ def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None, dtype: DTyp
 def sequential(self: Tensor, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
   """Applies the callables (layers, Tensor methods, functions) in order, each to the previous one's result, as
   tinygrad's `x.sequential([conv, bn, Tensor.relu])`."""
-  if isinstance(ll, (str, bytes)) or not isinstance(ll, Sequence): raise ArgumentError(f"sequential: expected a list of callables, got {type(ll).__name__}")
+  if isinstance(ll, (str, bytes)) or not isinstance(ll, Sequence):
+    raise ArgumentError(f"sequential: expected a list of callables, got {type(ll).__name__}")
   x = self
   for i, f in enumerate(ll):
     if not callable(f): raise ArgumentError(f"sequential: item {i} is not callable ({type(f).__name__})")
     x = f(x)
-    if not isinstance(x, type(self)): raise ArgumentError(f"sequential: item {i} ({getattr(f, '__name__', type(f).__name__)}) returned {type(x).__name__}, not a Tensor")
+    if not isinstance(x, type(self)):
+      raise ArgumentError(f"sequential: item {i} ({getattr(f, '__name__', type(f).__name__)}) returned {type(x).__name__}, not a Tensor")
   return x
 
 
