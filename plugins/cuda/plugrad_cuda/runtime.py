@@ -4,7 +4,7 @@ stream.
 Timing (`wait=True`: what `DEBUG=2` prints, what BEAM search ranks candidates by, through `ProgramRunner(..)(wait=True)`
 and `plugrad.device.search.DeviceTimer.time`) is by CUDA events, never by the host clock: `CUDAProgram.timed_launch`
 records the start event on the stream, launches, records the end event, waits for it and returns
-`cuEventElapsedTime(start, end)` — the GPU time of the kernel alone, without Python's launch overhead or the time the
+`cuEventElapsedTime_v2(start, end)` — the GPU time of the kernel alone, without Python's launch overhead or the time the
 stream was busy with earlier work. Events are created with the default flags (timing enabled).
 
 The kernel ABI (also in the README and docs/writing-a-backend.md): `extern "C" __global__ void NAME(T0* buf0, ...,
@@ -25,9 +25,7 @@ from typing import Any
 
 from plugrad.backend import Dims, LaunchError, Runtime, UOp, c_identifier, dtypes
 from plugrad_cuda import ptx
-from plugrad_cuda.driver import check, context
-
-CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+from plugrad_cuda.driver import CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, check, context
 
 
 class Params:
@@ -122,13 +120,13 @@ class CUDARuntime(Runtime):
   def load(self, program: UOp) -> CUDAProgram: return CUDAProgram(self, program)
 
   def elapsed(self) -> float:
-    """Seconds between events[0] (recorded before the work) and now on the stream, by `cuEventElapsedTime`; records
+    """Seconds between events[0] (recorded before the work) and now on the stream, by `cuEventElapsedTime_v2`; records
     events[1] and waits for it (and so for the work)."""
     lib, (start, end) = self.ctx.lib, self.events
     check(lib, lib.cuEventRecord(end, self.ctx.stream), "cuEventRecord")
     check(lib, lib.cuEventSynchronize(end), "cuEventSynchronize")
     ms = ctypes.c_float()
-    check(lib, lib.cuEventElapsedTime(ctypes.byref(ms), start, end), "cuEventElapsedTime")
+    check(lib, lib.cuEventElapsedTime_v2(ctypes.byref(ms), start, end), "cuEventElapsedTime_v2")
     return ms.value / 1e3
 
   def describe(self) -> str:

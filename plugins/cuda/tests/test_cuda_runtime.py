@@ -1,5 +1,5 @@
 """The CUDA runtime's launch and timing paths against a recording stand-in for libcuda (no GPU needed): a timed launch
-is `cuEventRecord(start)`, `cuLaunchKernel`, `cuEventRecord(end)`, `cuEventSynchronize(end)`, `cuEventElapsedTime`
+is `cuEventRecord(start)`, `cuLaunchKernel`, `cuEventRecord(end)`, `cuEventSynchronize(end)`, `cuEventElapsedTime_v2`
 on the context's stream (GPU time by events, never the host clock), and a PTX program's extra parameters and dynamic
 shared memory reach cuLaunchKernel. The real driver runs these on a GPU machine (bench/gpu/cuda_check.sh)."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Recorder:
   def __getattr__(self, name: str):
     def call(*args):
       self.calls.append((name, *args))
-      if name == "cuEventElapsedTime": args[0]._obj.value = self.elapsed_ms
+      if name == "cuEventElapsedTime_v2": args[0]._obj.value = self.elapsed_ms
       return 0
     return call
 
@@ -65,8 +65,8 @@ def test_timed_launch_is_bracketed_by_events_on_the_stream(runtime):
   lib.calls.clear()
   assert prog(H(0x1000), H(0x2000), global_size=(4, 1, 1), local_size=(32, 1, 1), wait=True) == pytest.approx(2.5e-3)
   names = _names(lib.calls)
-  seq = [n for n in names if n in ("cuEventRecord", "cuLaunchKernel", "cuEventSynchronize", "cuEventElapsedTime")]
-  assert seq == ["cuEventRecord", "cuLaunchKernel", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime"], names
+  seq = [n for n in names if n in ("cuEventRecord", "cuLaunchKernel", "cuEventSynchronize", "cuEventElapsedTime_v2")]
+  assert seq == ["cuEventRecord", "cuLaunchKernel", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime_v2"], names
   start, launch, end = (c for c in lib.calls if c[0] in ("cuEventRecord", "cuLaunchKernel"))
   assert start[1] is runtime.events[0] and end[1] is runtime.events[1], "start event, then end event"
   assert start[2] is runtime.ctx.stream and end[2] is runtime.ctx.stream and launch[9] is runtime.ctx.stream, "all on the context's stream"
