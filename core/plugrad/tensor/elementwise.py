@@ -65,6 +65,14 @@ def _const_like(t: Tensor, value: Any) -> Tensor: return t._wrap(const_uop(value
 def _floats(t: Tensor) -> Tensor: return t if dtypes.is_float(t.dtype) else t.cast(least_upper_float(t.dtype))
 
 
+_SAME_SIZE_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
+
+
+def _sign_bit(t: Tensor) -> Tensor:
+  """Whether the sign bit of each element of float tensor t is set (-0.0 and a negative nan included)."""
+  return t.bitcast(_SAME_SIZE_INT[t.dtype.itemsize]) < 0
+
+
 def _need(t: Tensor, ok: bool, op: str, kinds: str) -> None:
   if not ok: raise TypeError(f"{op} needs {kinds} tensors, got {t.dtype}")
 
@@ -164,12 +172,17 @@ def abs(self: Tensor) -> Tensor:
 def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:
   a, b = broadcasted(_floats(self), other, False, "copysign")
   a, b = _floats(a), _floats(b)
-  negative = (b < 0) | (b.reciprocal() < 0)  # 1/-0.0 is -inf: the sign bit of a zero counts too
+  negative = _sign_bit(b)  # of a zero and a nan too (numpy, PyTorch and C read the bit)
   mag = a.abs()
   return negative.where(-mag, mag)
 
 
-def lerp(self: Tensor, end: Tensor, weight: Tensor | Scalar) -> Tensor: return self + (end - self) * weight
+def lerp(self: Tensor, end: Tensor, weight: Tensor | Scalar) -> Tensor:
+  """PyTorch's two-sided form: a + (b - a)·w for w < 1/2, else b - (b - a)·(1 - w), so that the result is b at w = 1
+  (a + (b - a) loses b where |a| >> |b|)."""
+  d = end - self
+  if not isinstance(weight, tensor_cls()): return self + d * weight if weight < 0.5 else end - d * (1 - weight)
+  return (weight < 0.5).where(self + d * weight, end - d * (1 - weight))
 
 
 def maximum(self: Tensor, x: Tensor | Scalar) -> Tensor:
@@ -289,7 +302,8 @@ def isfinite(self: Tensor) -> Tensor: return (self.isnan() | self.isinf()).logic
 def isclose(self: Tensor, other: Tensor | Scalar, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
   a, b = broadcasted(self, other, False, "isclose")
   a, b = _floats(a), _floats(b)
-  close = a.eq(b) | ((a - b).abs() <= atol + rtol * b.abs())  # equality first: inf == inf
+  # equality first (inf == inf); an infinite b is close to nothing else (|a - inf| <= inf would call every a close)
+  close = a.eq(b) | (b.isinf().logical_not() & ((a - b).abs() <= atol + rtol * b.abs()))
   return (close | (a.isnan() & b.isnan())) if equal_nan else close
 
 
@@ -378,7 +392,9 @@ def _log_hypot_sum(x: Tensor, sign: int, safe: float) -> Tensor:
 
 
 def asinh(self: Tensor) -> Tensor: return _odd(_floats(self), lambda x: _log_hypot_sum(x, 1, 1.0))
-def acosh(self: Tensor) -> Tensor: return _log_hypot_sum(_floats(self), -1, 2.0)
+def acosh(self: Tensor) -> Tensor:
+  x = _floats(self)
+  return (x < 1).where(math.nan, _log_hypot_sum(x, -1, 2.0))  # below 1 the formula cancels to a number, not nan
 def atanh(self: Tensor) -> Tensor: return (lambda x: ((1 + x) / (1 - x)).log() / 2)(_floats(self))
 
 
