@@ -85,6 +85,12 @@ def _buffer_uop(u: UOp) -> UOp:
   return u
 
 
+def _is_writable_view(u: UOp) -> bool:
+  """A view of a buffer that names each of its elements at most once, so a kernel can store through it."""
+  while u.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP): u = u.src[0]
+  return u.op is Ops.BUFFER
+
+
 def _shape(u: UOp) -> tuple[sint, ...]:
   if (s := u.shape) is None: raise ScheduleError(f"a {u.op.name} has no shape and cannot be computed by a kernel")
   return s
@@ -148,8 +154,9 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
       realize[u] = None
       for s in u.src[1:]:
         if not _is_buffer_form(s) and any(x.op is Ops.REDUCE_AXIS for x in s.toposort): realize[s] = None
-    if u.op is Ops.ASSIGN and not _is_buffer_form(u.src[0]):
-      raise ScheduleError(f"ASSIGN target must be a realized buffer (realize it first), got a {u.src[0].op.name} of shape {u.src[0].shape}")
+    if u.op is Ops.ASSIGN and not _is_buffer_form(u.src[0]) and not _is_writable_view(u.src[0]):
+      raise ScheduleError(f"ASSIGN target must be a realized buffer or a reshape/shrink/permute/flip view of one (realize it first), "
+                          f"got a {u.src[0].op.name} of shape {u.src[0].shape}")
     if u.op is Ops.KERNEL:  # a precompiled kernel takes its buffers as they are: lazy or strided inputs get their own
       for s in u.src:
         if s.op is not Ops.BIND and not _is_buffer_form(s): realize[s] = None
@@ -403,8 +410,14 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
   idxs = tuple(r if r is not None else UOp.const(dtypes.index, 0) for r in ranges)
   with recursion_limit(20000): val = k.value(value, idxs, None)
   if val.dtype is not out.dtype: val = val.cast(out.dtype)
-  flat = sum((i * s for i, s in zip(idxs, _strides(shape))), UOp.const(dtypes.index, 0))
-  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_g.dtype, (out_g, flat)), val))
+  if root.op is Ops.ASSIGN and not _is_buffer_form(root.src[0]):
+    # into a view: the address is the view's index arithmetic, the one a load of the view at these indices would use
+    target = k.value(root.src[0], idxs, None)
+    if target.op is not Ops.LOAD or target.src[0].src[0] is not out_g: raise ScheduleError(f"cannot store through the view {root.src[0].op.name}")
+    store = UOp(Ops.STORE, dtypes.void, (target.src[0], val))
+  else:
+    flat = sum((i * s for i, s in zip(idxs, _strides(shape))), UOp.const(dtypes.index, 0))
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_g.dtype, (out_g, flat)), val))
   live = [r for r in ranges if r is not None]
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.END, dtypes.void, (store, *live)) if live else store,), KernelInfo(_kernel_name(shape, k.has_reduce)))
   if binds := [u for u in ast.toposort if u.op is Ops.BIND]:  # bound sizes (from shapes): the kernel takes the variable, the item its value

@@ -22,7 +22,7 @@ import numpy as np
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import all_int, prod
 from plugrad.tensor.helpers import ArgumentError, broadcast_shape, ints
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import Ops, UOp, sint
 from plugrad.uop.shape import ShapeError, fmt
 
 if TYPE_CHECKING:
@@ -162,8 +162,8 @@ class _Parsed:
     e = next(j for j, i in enumerate(indices) if i is Ellipsis)
     indices = indices[:e] + (slice(None),) * (x.ndim - n_real) + indices[e + 1:]
     # per dim of x: the box (start, count, step) it keeps (an int index keeps 1 element and drops the dim)
-    self.base_shape = shape = ints(x.shape, "indexing")
-    self.boxes: list[tuple[int, int, int]] = []
+    self.base_shape = shape = tuple(x.shape)  # symbolic sizes: basic indices only (advanced ones check for ints)
+    self.boxes: list[tuple[sint, sint, int]] = []
     layout: list[int | None] = []   # per output dim of the basic view: the dim of x it comes from, None for new axes
     adv: list[tuple[int, Tensor]] = []  # (output dim of the basic view, index tensor)
     dim = 0
@@ -175,7 +175,10 @@ class _Parsed:
       elif isinstance(i, slice): i = slice(*(int(v) if isinstance(v, np.integer) else v for v in (i.start, i.stop, i.step)))
       size = shape[dim]
       if isinstance(i, bool): raise IndexError("bool indices are not supported; use masked_select or where")
-      if isinstance(i, int):
+      if isinstance(i, UOp) or (isinstance(i, slice) and any(isinstance(v, UOp) for v in (i.start, i.stop))) or not isinstance(size, int):
+        self.boxes.append(_symbolic_box(i, size, dim, x.shape))
+        if not isinstance(i, UOp) and not isinstance(i, int): layout.append(dim)
+      elif isinstance(i, int):
         if not -size <= i < size: raise IndexError(f"index {i} is out of range for dim {dim} of size {size} (shape {fmt(x.shape)})")
         self.boxes.append((i % size, 1, 1))
       elif isinstance(i, slice):
@@ -186,6 +189,7 @@ class _Parsed:
         count = max(0, -(-(stop - start) // step))
         self.boxes.append((start, count, step)); layout.append(dim)
       elif isinstance(i, (list, tuple, Tensor)):
+        size = ints(x.shape, "advanced indexing")[dim]
         if isinstance(i, Tensor):
           _check_index_tensor(i, "indexing")
           t = (i < 0).where(i + size, i)
@@ -206,7 +210,7 @@ class _Parsed:
     shrink, flips = [], []
     for start, count, step in self.boxes:
       lo, hi = (start, start + (count - 1) * step + 1) if step > 0 else (start + (count - 1) * step, start + 1)
-      shrink.append((lo, hi) if count else (start, start) if step > 0 else (0, 0))
+      shrink.append((lo, hi) if not isinstance(count, int) or count else (start, start) if step > 0 else (0, 0))
       flips.append(step < 0)
     x = x.shrink(tuple(shrink))
     if any(flips): x = x.flip(tuple(d for d, f in enumerate(flips) if f))
@@ -232,6 +236,41 @@ class _Parsed:
       if any(st < 0 for _, _, st in self.boxes): t = t.flip(tuple(d for d, (_, _, st) in enumerate(self.boxes) if st < 0))
       return t.pad(tuple((lo, size - lo - e) for lo, size, e in zip(los, self.base_shape, extent)))
     return place(v.reshape(box)), place(Tensor.ones(box, dtype=dtypes.bool, device=v.device, buffer=False))
+
+
+def _symbolic_box(i: Any, size: sint, dim: int, shape: tuple[sint, ...]) -> tuple[sint, sint, int]:
+  """The box of a basic index that holds a bound Variable or indexes a dim of symbolic size: an int or a Variable
+  expression (one element), or a slice with step 1 and non-negative (or symbolic) bounds. Its range is checked against
+  the dim's for every value the Variables can take, so one kernel serves the whole range."""
+  def bounds(v: sint) -> tuple[int, int]: return (v, v) if isinstance(v, int) else (int(v.vmin), int(v.vmax))
+  lo_size = bounds(size)[0]
+  if isinstance(i, (int, UOp)):
+    if isinstance(i, UOp) and i.dtype is not dtypes.index:
+      raise IndexError(f"a UOp index must be a bound Variable expression (dtypes.index), got a {i.op.name} of {i.dtype}")
+    lo, hi = bounds(i)
+    if lo < 0 or hi >= lo_size:
+      raise IndexError(f"index {_show(i)} (values {lo}..{hi}) can be out of range for dim {dim} of size {_show(size)} (shape {fmt(shape)})")
+    return (i, 1, 1)
+  if not isinstance(i, slice): raise IndexError(f"indices of type {type(i).__name__} are not supported on a symbolic shape ({i!r})")
+  if i.step not in (None, 1): raise IndexError(f"slice {_show_slice(i)}: a slice with Variable bounds (or of a symbolic dim) needs step 1")
+  for v in (i.start, i.stop):
+    if not (v is None or isinstance(v, UOp) or (isinstance(v, int) and not isinstance(v, bool))):
+      raise TypeError(f"slice {_show_slice(i)} must have int, bound Variable (or None) start and stop")
+  start: sint = 0 if i.start is None else i.start
+  stop: sint = size if i.stop is None else i.stop
+  slo, (elo, ehi) = bounds(start)[0], bounds(stop)
+  if slo < 0 or elo < 0: raise IndexError(f"slice {_show_slice(i)}: negative bounds are not supported with Variables (dim {dim})")
+  if i.stop is not None and ehi > bounds(size)[1]:
+    raise IndexError(f"slice {_show_slice(i)} (stop up to {ehi}) can run past dim {dim} of size {_show(size)} (shape {fmt(shape)})")
+  count = stop - start
+  if not isinstance(count, int): count = count.simplify()
+  if bounds(count)[0] < 0: raise IndexError(f"slice {_show_slice(i)}: its stop can be below its start for some Variable values")
+  return (start, count, 1)
+
+
+def _show(v: Any) -> str: return v.render() if isinstance(v, UOp) else str(v)
+def _show_slice(i: slice) -> str:
+  return ":".join("" if v is None else _show(v) for v in (i.start, i.stop, *((i.step,) if i.step is not None else ())))
 
 
 def _adv_layout(x: Tensor, adv: list[tuple[int, Tensor]]) -> tuple[Tensor, Tensor, int, tuple[int, ...], list[int], tuple[int, ...]]:
@@ -313,8 +352,22 @@ def getitem(self: Tensor, indices: Any) -> Tensor:
 
 def setitem(self: Tensor, indices: Any, v: Any) -> None:
   """Write `v` (a tensor or Python value, broadcast to the indexed shape) at `indices`, through an ASSIGN on `self`.
-  With repeated advanced indices the last write wins."""
-  self.assign(_setitem_value(self, indices, v))
+  With repeated advanced indices the last write wins. Basic indices (ints, slices of step ±1, bound Variables) into a
+  realized tensor are written now, in place, by a kernel over the indexed region only (a KV cache's one new row per
+  step); with Variable bounds that kernel takes their values, so it serves every position."""
+  from plugrad.tensor.tensor import Tensor, _is_writable_view
+  parsed = _Parsed(self, indices)
+  symbolic = any(not isinstance(b, int) for box in parsed.boxes for b in box[:2])
+  grad = self.requires_grad or (isinstance(v, Tensor) and v.requires_grad)
+  if parsed.adv or any(abs(st) != 1 for _, _, st in parsed.boxes) or not (symbolic or (_is_writable_view(self.uop) and not grad)):
+    if symbolic: raise IndexError("setitem with Variable bounds takes ints, slices of step 1 and Variables, no tensor or list indices")
+    self.assign(_setitem_value(self, indices, v))
+    return
+  if not _is_writable_view(self.uop): self.realize()  # a lazy tensor gets its buffer, then the region is written into it
+  target = parsed.view(self)
+  if not isinstance(v, Tensor): v = Tensor.full((), v, dtype=self.dtype, device=self.device, buffer=False) if isinstance(v, (bool, int, float)) \
+    else Tensor(v, dtype=self.dtype, device=self.device)
+  target.assign(v.cast(self.dtype)).realize()
 
 
 def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:

@@ -291,7 +291,12 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop  # a second assign before a realize replaces the first
     if is_buffer_form(target): self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     elif _is_view_of_buffer(target):
-      raise ValueError(f"assign to a view ({target.op.name}) of a buffer is not supported; assign to the whole tensor (or use __setitem__)")
+      # a view that names each element of the buffer at most once (no EXPAND; no PAD, whose padding is no memory): the
+      # kernel stores into the region only. The base tensor sees the write once this tensor is realized
+      if (bad := next((u.op for u in _view_chain(target) if u.op not in _WRITABLE_VIEW), None)) is not None:
+        raise ValueError(f"assign to a view through {bad.name} of a buffer: only reshape, shrink (slicing), permute and flip views "
+                         "can be written in place")
+      self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     else: self.uop = x.uop
     return self
 
@@ -448,3 +453,18 @@ def _base(u: UOp) -> UOp:
 
 
 def _is_view_of_buffer(u: UOp) -> bool: return _base(u).op is Ops.BUFFER
+
+
+_WRITABLE_VIEW = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
+
+
+def _is_writable_view(u: UOp) -> bool:
+  """A realized buffer, or a view of one that a kernel can store through (see Tensor.assign)."""
+  return _is_view_of_buffer(u) and all(m.op in _WRITABLE_VIEW for m in _view_chain(u))
+
+
+def _view_chain(u: UOp) -> list[UOp]:
+  """The movement ops between a view and its base, outermost first."""
+  out: list[UOp] = []
+  while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP): out, u = [*out, u], u.src[0]
+  return out
