@@ -239,7 +239,11 @@ def max_pool2d(self: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: 
   # n - flat index, so that the largest value marks the first maximum; padding gets 0 (never chosen)
   rev = pool(pad_constant(Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(sp), pads, 0), k_, s_, d_)
   hit = windows.eq(out.reshape(*out.shape, *(1,) * len(k_)))
-  return out, (n - hit.where(rev, 0).max(axes)).detach()
+  first = n - hit.where(rev, 0).max(axes)
+  if not dtypes.is_float(self.dtype): return out, first.detach()
+  # a window holding nan: the index of its last nan, as PyTorch (each nan replaces the maximum so far)
+  last_nan = windows.isnan().where(n - rev, -1).max(axes)
+  return out, out.isnan().where(last_nan, first).detach()
 
 
 def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: Any = None, dilation: Any = 1,
@@ -352,7 +356,8 @@ def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int =
   logp = self.log_softmax(-1)
   keep = Y.ne(ignore_index)
   picked = one_hot_last(Y, ints(self.shape, "sparse_categorical_crossentropy")[-1]).where(logp, 0).sum(-1)
-  loss = -keep.where((1 - label_smoothing) * picked + label_smoothing * logp.mean(-1), 0)
+  # without smoothing the mean is left out: 0·mean is nan where some logit is -inf
+  loss = -keep.where((1 - label_smoothing) * picked + label_smoothing * logp.mean(-1) if label_smoothing else picked, 0)
   return loss.sum() / keep.sum() if reduction == "mean" else _reduce(loss, reduction)
 
 
@@ -362,7 +367,7 @@ def cross_entropy(self: Tensor, Y: Tensor, reduction: Reduction = "mean", label_
   if self.ndim == 0: raise ShapeError("cross_entropy needs logits with a class dim, got a 0-d tensor")
   cd = 0 if self.ndim == 1 else 1
   C = ints(self.shape, "cross_entropy")[cd]
-  if self.shape != Y.shape:
+  if indexed := self.shape != Y.shape:
     if self.shape[:cd] + self.shape[cd + 1:] != Y.shape:
       raise ShapeError(f"cross_entropy: logits {fmt(self.shape)} need targets of shape {fmt(self.shape)} (probabilities) "
                        f"or {fmt(self.shape[:cd] + self.shape[cd + 1:])} (class indices), got {fmt(Y.shape)}")
@@ -371,7 +376,11 @@ def cross_entropy(self: Tensor, Y: Tensor, reduction: Reduction = "mean", label_
     if dtypes.is_float(self.dtype): Y = Y.cast(self.dtype)
     if cd != Y.ndim - 1: Y = Y.permute(0, Y.ndim - 1, *range(1, Y.ndim - 1))
   Y = Y * (1 - label_smoothing) + label_smoothing / C
-  return _reduce(-(self.log_softmax(cd) * Y).sum(cd), reduction)
+  terms = self.log_softmax(cd) * Y
+  # class indices: a class other than the target adds nothing, also where its log-probability is -inf (0·-inf is nan; PyTorch
+  # picks the target's). Probabilities are multiplied through, as PyTorch does
+  if indexed and not label_smoothing: terms = Y.ne(0).where(terms, 0)
+  return _reduce(-terms.sum(cd), reduction)
 
 
 def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None, reduction: Reduction = "mean") -> Tensor:
@@ -387,7 +396,9 @@ def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index
   x = self if cd == self.ndim - 1 else self.permute(0, *range(2, self.ndim), 1)
   w = hot.where(1.0, 0.0) if weight is None else hot.where(weight, 0)
   if ignore_index is not None: w = Y.ne(ignore_index).unsqueeze(-1).where(w, 0)
-  nll = -(hot.where(x, 0) * w).sum(-1)
+  # an ignored row adds nothing, also where its picked log-probability is nan or -inf (0·-inf would be nan)
+  picked = hot.where(x, 0) if ignore_index is None else (hot & Y.ne(ignore_index).unsqueeze(-1)).where(x, 0)
+  nll = -(picked * w).sum(-1)
   return nll.sum() / w.sum() if reduction == "mean" else _reduce(nll, reduction)
 
 

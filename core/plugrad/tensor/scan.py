@@ -74,7 +74,7 @@ def _cum_extreme(x: Tensor, axis: int, op: ScanOp, name: str) -> tuple[Tensor, T
   n = ints(xt.shape, "cummax/cummin")[-1]
   j = Tensor.arange(n, device=x.device)
   upto = j.unsqueeze(0) <= j.unsqueeze(1)                                   # (i, j): j <= i
-  hit = upto & xt.unsqueeze(-2).eq(vt.unsqueeze(-1))                       # (..., i, j)
+  hit = upto & _same(xt.unsqueeze(-2), vt.unsqueeze(-1))                   # (..., i, j): a running nan is the first nan
   first = n - hit.where(Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=x.device), 0).max(-1)
   return values, first.transpose(axis, -1).detach()
 
