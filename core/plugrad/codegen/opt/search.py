@@ -3,10 +3,11 @@
 Each step extends every kernel in the beam by one more action from `ACTIONS` (the invalid ones raise KernelOptError
 and are dropped), lowers and renders the new candidates here, compiles them in parallel worker processes (each
 compile under BEAM_TIMEOUT seconds), times them on the device with real buffers and keeps the `n` fastest (the beam
-itself stays in the running, so the search stops when a step finds nothing faster). The winner is run once more
-next to the unoptimized kernel on the same inputs and must give the same numbers; a candidate that does not is
-dropped with a warning (it is a compiler bug) and the next fastest is checked. The chosen actions are kept on disk
-per (renderer, kernel, n), signed like the compile cache (plugrad/diskcache.py), so the next run applies them at once.
+itself stays in the running, so the search stops when a step finds nothing faster). Every timed candidate, the
+hand-coded seed too, is run once more on the search's own inputs and must give the unoptimized kernel's numbers: one
+that does not (an optimizer or compiler bug) is dropped before it can win or seed the next step, and counted
+(`stats["wrong"]`; listed at DEBUG>=2). The chosen actions are kept on disk per (renderer, kernel, n), signed like the
+compile cache (plugrad/diskcache.py), so the next run applies them at once.
 
 Timing needs the device layer (buffers, compiler, runtime), which sits above the codegen: the caller passes a
 `CandidateTimer` factory (the engine passes `plugrad.device.search.DeviceTimer`); nothing is registered by import.
@@ -41,7 +42,7 @@ class CandidateTimer(Protocol):
   def time(self, program: ProgramUOp, limit: float) -> float:
     """Seconds one launch takes on real buffers (the best of a few runs; a first run slower than `limit` stops early)."""
   def same_results(self, program: ProgramUOp, reference: ProgramUOp) -> bool:
-    """Whether both give the same outputs on the same random inputs."""
+    """Whether both give the same outputs on the inputs `time` runs them on."""
 
 
 ACTIONS: list[Opt] = [Opt(OptOps.TC, 0)] + [Opt(OptOps.NOLOCALS)]
@@ -54,7 +55,8 @@ for _ax in range(4):
   ACTIONS += [Opt(OptOps.GROUPTOP, _ax, a) for a in (16, 64, 256)]
 
 
-def _children(k: Scheduler) -> list[Scheduler]:
+def candidates(k: Scheduler) -> list[Scheduler]:
+  """`k` extended by each action of `ACTIONS` that applies to it: one step of the search (the fuzzer samples these)."""
   out: list[Scheduler] = []
   for o in ACTIONS:
     c = k.copy()
@@ -137,7 +139,7 @@ def _evict(beam: Path, cap: int) -> None:
     excess -= size
 
 
-stats = {"searches": 0, "cache_hits": 0, "candidates": 0}  # what BEAM did in this process (tests and the benchmark read it)
+stats = {"searches": 0, "cache_hits": 0, "candidates": 0, "wrong": 0}  # what BEAM did in this process (tests and the benchmark read it)
 
 
 def beam_search(k: Scheduler, width: int, timer: Callable[[Renderer], CandidateTimer] | None = None) -> Scheduler:
@@ -162,6 +164,14 @@ def beam_search(k: Scheduler, width: int, timer: Callable[[Renderer], CandidateT
   (blib,) = timing.compile_all([base], timeout)
   if blib is None: raise BeamError(f"kernel {k.info.name!r} does not compile without actions")
   base = base.with_binary(blib)
+  wrong: list[list[Opt]] = []
+
+  def correct(c: Scheduler, p: ProgramUOp) -> bool:
+    # a candidate that computes something else must neither win nor seed the next step: checked as soon as it is timed
+    if timing.same_results(p, base): return True
+    wrong.append(list(c.applied))
+    return False
+
   # the search starts from the hand-coded choice (timing unoptimized candidates of a big kernel would take minutes);
   # the unoptimized kernel is the reference for the correctness check
   from plugrad.codegen.opt.heuristic import hand_coded_optimizations
@@ -169,35 +179,41 @@ def beam_search(k: Scheduler, width: int, timer: Callable[[Renderer], CandidateT
   sp = _program(seed) if seed.applied else None
   slib = timing.compile_all([sp], timeout)[0] if sp is not None else None
   first, fprog = (seed, sp.with_binary(slib)) if sp is not None and slib is not None else (k, base)
+  if first is not k and not correct(first, fprog): first, fprog = k, base
   best_t = timing.time(fprog, math.inf)
   timed: list[tuple[float, Scheduler, ProgramUOp]] = [(best_t, first, fprog)]
   beam = list(timed)
   seen: set[UOp] = {k.ast, first.ast}
   for step in range(max_steps):
-    kids = [c for _, b, _ in beam for c in _children(b)]
+    kids = [c for _, b, _ in beam for c in candidates(b)]
     kids = [c for c in kids if not (c.ast in seen or seen.add(c.ast))]  # type: ignore[func-returns-value]
     progs = [(c, p) for c in kids if (p := _program(c)) is not None]
     libs = timing.compile_all([p for _, p in progs], timeout)
+    step_timed: list[tuple[float, Scheduler, ProgramUOp]] = []
     for (c, p), lib in zip(progs, libs):
       if lib is None: continue
       tried += 1
       pb = p.with_binary(lib)
-      try: t = timing.time(pb, 1.5 * beam[0][0])
+      try:
+        t = timing.time(pb, 1.5 * beam[0][0])
+        if not correct(c, pb): continue
       except Exception as e:
         if DEBUG >= 1: print(f"\nBEAM: {c.applied} failed to run: {type(e).__name__}: {e}", file=sys.stderr)
         continue
-      timed.append((t, c, pb))
-      if show: print(f"\rBEAM {k.info.name}: step {step + 1}, {tried} candidates, best {min(x[0] for x in timed) * 1e6:9.1f} us, "
+      step_timed.append((t, c, pb))
+      if show: print(f"\rBEAM {k.info.name}: step {step + 1}, {tried} candidates, best {min(x[0] for x in timed + step_timed) * 1e6:9.1f} us, "
                      f"{time.perf_counter() - start:6.1f} s", end="", file=sys.stderr, flush=True)
     stats["candidates"] += len(progs)
-    new_beam = sorted(beam + timed[-len(progs):] if progs else beam, key=lambda x: x[0])[:width]
+    timed += step_timed
+    new_beam = sorted(beam + step_timed, key=lambda x: x[0])[:width]
     if new_beam[0][0] >= beam[0][0] * 0.99 and step > 0: break
     beam = new_beam
   if show: print(file=sys.stderr)
-  for t, c, p in sorted(timed, key=lambda x: x[0]):
-    if c is k or timing.same_results(p, base):
-      if DEBUG >= 1: print(f"BEAM {k.info.name}: {c.applied} {t * 1e6:.1f} us (hand-coded {best_t * 1e6:.1f} us)", file=sys.stderr)
-      if getenv("BEAM_CACHE", 1): _store(k, width, c.applied)
-      return c.copy()
-    print(f"BEAM {k.info.name}: candidate {c.applied} gives different results than the unoptimized kernel; dropped", file=sys.stderr)
-  raise BeamError(f"kernel {k.info.name!r}: no candidate gave the unoptimized kernel's results")
+  stats["wrong"] += len(wrong)
+  if wrong and DEBUG >= 2:
+    print(f"BEAM {k.info.name}: dropped {len(wrong)} candidate(s) whose results differ from the unoptimized kernel's: "
+          + "; ".join(str(w) for w in wrong), file=sys.stderr)
+  t, c, _ = min(timed, key=lambda x: x[0])
+  if DEBUG >= 1: print(f"BEAM {k.info.name}: {c.applied} {t * 1e6:.1f} us (hand-coded {best_t * 1e6:.1f} us)", file=sys.stderr)
+  if getenv("BEAM_CACHE", 1): _store(k, width, c.applied)
+  return c.copy()
