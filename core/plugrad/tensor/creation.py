@@ -9,7 +9,7 @@ import numpy as np
 
 from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, DTypeRangeError, check_fits, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.helpers import ArgumentError, argfix, check_shape, const_uop, iota
+from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -149,8 +149,11 @@ def arange(cls: type[Tensor], start: int | float, stop: int | float | None = Non
 def linspace(cls: type[Tensor], start: int | float, stop: int | float, steps: int, dtype: DTypeLike | None = None, device: str | None = None,
              requires_grad: bool | None = None) -> Tensor:
   """`steps` evenly spaced values from `start` to `stop`, both included."""
-  if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace: steps must be an int >= 0, got {steps!r}")
+  # PyTorch's types: a non-int count is a TypeError, a negative one a RuntimeError (ArgumentError is also tinygrad's ValueError)
+  if not isinstance(steps, int) or isinstance(steps, bool): raise TypeError(f"linspace: steps must be an int >= 0, got {steps!r}")
+  if steps < 0: raise ArgumentError(f"linspace: steps must be an int >= 0, got {steps!r}")
   dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+  if dt is dtypes.bool: raise DTypeNotImplementedError("linspace is not defined for dtypes.bool")
   work = dtypes.float64 if dt is dtypes.float64 else dtypes.float32
   dev = canonical_device(device)
   if steps == 1: return _finish(cls._wrap(const_uop(start, work, dev, (1,))).cast(dt), requires_grad)

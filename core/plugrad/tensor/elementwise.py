@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float
-from plugrad.tensor.helpers import ArgumentError, broadcast_shape, const_uop, tensor_cls
+from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, broadcast_shape, const_uop, tensor_cls
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def _sign_bit(t: Tensor) -> Tensor:
 
 
 def _need(t: Tensor, ok: bool, op: str, kinds: str) -> None:
-  if not ok: raise TypeError(f"{op} needs {kinds} tensors, got {t.dtype}")
+  if not ok: raise DTypeNotImplementedError(f"{op} needs {kinds} tensors, got {t.dtype}")
 
 
 # ---- arithmetic
@@ -200,7 +200,7 @@ def minimum(self: Tensor, x: Tensor | Scalar) -> Tensor:
 def clip(self: Tensor, min_: Tensor | Scalar | None = None, max_: Tensor | Scalar | None = None) -> Tensor:
   """min(max(x, min_), max_) (so max_ wins where min_ > max_), with PyTorch's gradient: x's passes where
   min_ <= x <= max_, bounds included (tinygrad's maximum/minimum would halve it there); nan stays nan."""
-  if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
+  if min_ is None and max_ is None: raise ArgumentError("clip needs at least one of min_ and max_ (both are None)")
   ret = self if min_ is None else (self < min_).where(min_, self)
   return ret if max_ is None else (ret > max_).where(max_, ret)
 

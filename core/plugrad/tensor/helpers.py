@@ -23,6 +23,24 @@ class ArgumentError(ValueError, RuntimeError):
   op and the value. A ValueError, and a RuntimeError as PyTorch raises in these cases, so code written for either catches it."""
 
 
+class UnsupportedModeError(ArgumentError, NotImplementedError):
+  """A mode name the operation does not know (`pad(mode=)`): also a NotImplementedError, which PyTorch raises."""
+
+
+class DTypeError(TypeError, RuntimeError):
+  """Operands whose dtypes the operation will not combine (`scatter`'s src and self differ). A TypeError, and a
+  RuntimeError as PyTorch raises."""
+
+
+class IndexDTypeError(IndexError, TypeError):
+  """An index tensor that is not of an integer dtype: an IndexError as PyTorch raises, and a TypeError."""
+
+
+class DTypeNotImplementedError(DTypeError, NotImplementedError):
+  """An operation that is not defined for a dtype (shifts and bitwise ops of floats, a bool `linspace`): also a
+  NotImplementedError, as PyTorch's "not implemented for 'Float'"."""
+
+
 @functools.cache
 def tensor_cls() -> type[Tensor]:
   """The Tensor class (imported on first use: the op modules are imported by tensor.py itself)."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import all_int, prod
-from plugrad.tensor.helpers import ArgumentError, broadcast_shape, ints
+from plugrad.tensor.helpers import ArgumentError, DTypeError, IndexDTypeError, broadcast_shape, ints
 from plugrad.uop.ops import Ops, UOp, sint
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -31,13 +31,17 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------- helpers shared by the three mixins
 
+class IndexShapeError(ShapeError, IndexError):
+  """Index tensors (or lists) whose shapes do not broadcast together: an IndexError, as PyTorch raises."""
+
+
 def resolve_dim(dim: int, ndim: int, op: str, extra: bool = False) -> int:
   """`dim` as a non-negative axis of an `ndim`-d tensor (one past the end when `extra`); IndexError when out of range.
   A 0-d tensor accepts 0 and -1, as in PyTorch."""
   total = ndim + int(extra)
   if isinstance(dim, bool) or not isinstance(dim, int): raise TypeError(f"{op}: dim must be an int, got {dim!r}")
   if not -max(total, 1) <= dim < max(total, 1): raise IndexError(f"{op}: dim {dim} is out of range for a {ndim}-d tensor")
-  return dim + total if dim < 0 else dim
+  return dim + max(total, 1) if dim < 0 else dim  # -1 of a 0-d tensor is 0
 
 
 def make_tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
@@ -119,7 +123,7 @@ def select_sum(mask: Tensor, x: Tensor, axis: int) -> Tensor:
 
 def _check_index_tensor(t: Tensor, op: str) -> None:
   if not dtypes.is_int(t.dtype) or t.dtype == dtypes.bool:
-    raise TypeError(f"{op}: index tensors must have an integer dtype, got {t.dtype}")
+    raise IndexDTypeError(f"{op}: index tensors must have an integer dtype, got {t.dtype}")
 
 
 def _same_device(x: Tensor, idx: Tensor) -> Tensor: return idx if idx.device == x.device else idx.to(x.device)
@@ -179,7 +183,7 @@ class _Parsed:
         self.boxes.append(_symbolic_box(i, size, dim, x.shape))
         if not isinstance(i, UOp) and not isinstance(i, int): layout.append(dim)
       elif isinstance(i, int):
-        if not -size <= i < size: raise IndexError(f"index {i} is out of range for dim {dim} of size {size} (shape {fmt(x.shape)})")
+        if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size} (shape {fmt(x.shape)})")
         self.boxes.append((i % size, 1, 1))
       elif isinstance(i, slice):
         if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (i.start, i.stop, i.step)):
@@ -197,7 +201,7 @@ class _Parsed:
           vals = _flat(i)
           if any(isinstance(v, bool) or not isinstance(v, int) for v in vals): raise IndexError(f"index list {i!r} must hold only ints")
           if (bad := [v for v in vals if not -size <= v < size]):
-            raise IndexError(f"index {bad[0]} is out of range for dim {dim} of size {size} (shape {fmt(x.shape)})")
+            raise IndexError(f"index {bad[0]} is out of bounds for dimension {dim} with size {size} (shape {fmt(x.shape)})")
           t = Tensor([v % size for v in vals] if vals else [], dtype=dtypes.int32, device=x.device).reshape(_nested_shape(i))
         self.boxes.append((0, size, 1))
         adv.append((len(layout), t)); layout.append(dim)
@@ -278,7 +282,10 @@ def _adv_layout(x: Tensor, adv: list[tuple[int, Tensor]]) -> tuple[Tensor, Tenso
   flatten them. Returns (x as (*pre, N, *post), the linear index (shape B), position p, B, the permutation, x's
   permuted shape)."""
   dims = [d for d, _ in adv]
-  B = ints(broadcast_shape(*(t.shape for _, t in adv), op="indexing"), "indexing")
+  try: B = ints(broadcast_shape(*(t.shape for _, t in adv), op="indexing"), "indexing")
+  except ShapeError:  # PyTorch's IndexError (and its words), still a ShapeError
+    raise IndexShapeError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                          + ", ".join(fmt(t.shape) for _, t in adv)) from None
   p = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
   rest = [d for d in range(x.ndim) if d not in dims]
   order = rest[:p] + dims + rest[p:]
@@ -303,7 +310,7 @@ def _getitem(self: Tensor, indices: Any) -> Tensor:
   shape = ints(xp.shape, "indexing")
   pre, post, nb = shape[:p], shape[p + 1:], prod(B)
   idx = lin.reshape(*(1,) * len(pre), nb, *(1,) * len(post)).expand(*pre, nb, *post)
-  return gather_axis(xp, idx, len(pre)).reshape(*pre, *B, *post)
+  return gather_axis(xp, idx, len(pre)).reshape((*pre, *B, *post))  # a tuple: () for a 0-d index into a 1-d tensor
 
 
 def _setitem_value(self: Tensor, indices: Any, v: Any) -> Tensor:
@@ -403,7 +410,7 @@ def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | b
   if reduce not in (None, "add", "multiply"): raise ArgumentError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device, buffer=False)
   if reduce is not None: return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
-  if src.dtype != self.dtype: raise TypeError(f"scatter: src dtype {src.dtype} differs from self's {self.dtype}")
+  if src.dtype != self.dtype: raise DTypeError(f"scatter: src dtype {src.dtype} differs from self's {self.dtype}")
   dim, s = _scatter_args(self, dim, index, src, "scatter")
   return scatter_axis(self, index, s, dim, "set")
 
@@ -417,7 +424,7 @@ def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: L
   reduce = {"max": "amax", "min": "amin"}.get(reduce, reduce)  # type: ignore[assignment]
   if reduce not in ("sum", "prod", "mean", "amax", "amin"):
     raise ArgumentError(f"scatter_reduce: reduce must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
-  if src.dtype != self.dtype: raise TypeError(f"scatter_reduce: src dtype {src.dtype} differs from self's {self.dtype}")
+  if src.dtype != self.dtype: raise DTypeError(f"scatter_reduce: src dtype {src.dtype} differs from self's {self.dtype}")
   dim, s = _scatter_args(self, dim, index, src, "scatter_reduce")
   def fill(v: Any, dt: DType, shape: tuple) -> Tensor: return Tensor.full(shape, v, dtype=dt, device=self.device, buffer=False)
   hit = None if include_self else scatter_axis(fill(False, dtypes.bool, self.shape), index, fill(True, dtypes.bool, index.shape), dim, "set")
@@ -499,7 +506,9 @@ def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
   """Windows of `size` every `step` along `dim`: that dim becomes the window count and the windows a new last dim."""
   dim = resolve_dim(dim, self.ndim, "unfold")
   n = ints(self.shape, "unfold")[dim] if self.ndim else 1
-  if size < 0 or step <= 0: raise ValueError(f"unfold: size must be >= 0 and step > 0, got size={size}, step={step}")
+  if not all(isinstance(v, int) and not isinstance(v, bool) for v in (size, step)):
+    raise TypeError(f"unfold: size and step must be ints, got size={size!r}, step={step!r}")
+  if size < 0 or step <= 0: raise ArgumentError(f"unfold: size must be >= 0 and step > 0, got size={size}, step={step}")
   if size > n: raise ShapeError(f"unfold: size {size} is larger than dim {dim} of shape {fmt(self.shape)}")
   x = self.reshape(1) if self.ndim == 0 else self
   order = [i for i in range(x.ndim) if i != dim] + [dim]

@@ -4,12 +4,13 @@ non-constant pad modes combine shifted views with an elementwise op."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugrad.dtype import dtypes, least_upper_dtype
 from plugrad.helpers import ceildiv, prod
 from plugrad.helpers import flatten as flat_list
-from plugrad.tensor.helpers import argfix, broadcast_shape, const_uop, ints, resolve_dim, resolve_dims
+from plugrad.tensor.helpers import ArgumentError, UnsupportedModeError, argfix, broadcast_shape, const_uop, ints, resolve_dim, resolve_dims
 from plugrad.uop.ops import sint
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -93,7 +94,9 @@ def _pad_pairs(self: Tensor, padding: Any) -> list[tuple[int, int]]:
 def pad(self: Tensor, padding: Any, mode: str = "constant", value: float | int | bool = 0.0) -> Tensor:
   """Pad (or, with negative amounts, crop) each axis. `padding` is PyTorch's flat form `(left, right, top, bottom, ...)`
   starting at the last axis, or one `(before, after)` pair (or None) per axis."""
-  if mode not in PAD_MODES: raise ValueError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
+  if mode not in PAD_MODES: raise UnsupportedModeError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
+  # only a constant pad has a fill: a value with another mode would be silently ignored (PyTorch raises too)
+  if mode != "constant" and value != 0: raise ArgumentError(f"pad: mode {mode!r} takes no value, got value={value!r}")
   pairs = _pad_pairs(self, padding)
   crop = [(max(-b, 0), max(-a, 0)) for b, a in pairs]
   grow = [(max(b, 0), max(a, 0)) for b, a in pairs]
@@ -172,10 +175,26 @@ def unsqueeze(self: Tensor, dim: int) -> Tensor:
   return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
 
-def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
+def _tensor_list(op: str, self: Any, args: tuple[Any, ...]) -> tuple[Tensor, ...]:
+  """The tensors of `cat`/`stack`, given as `a.cat(b, c)`, `Tensor.cat(a, b)` or PyTorch's `Tensor.cat([a, b])`: a
+  list or tuple in the first position (or as the only argument after self) is unpacked."""
+  if isinstance(self, (list, tuple)): ts = (*self, *args)
+  elif len(args) == 1 and isinstance(args[0], (list, tuple)): ts = (self, *args[0])
+  else: ts = (self, *args)
+  if not ts: raise ArgumentError(f"{op} needs a non-empty list of tensors")
+  from plugrad.tensor.tensor import Tensor
+  for i, t in enumerate(ts):
+    if not isinstance(t, Tensor): raise TypeError(f"{op}: expected a Tensor as element {i}, got {type(t).__name__} ({t!r:.60})")
+  return ts
+
+
+def cat(self: Tensor | Sequence[Tensor], *args: Tensor | Sequence[Tensor], dim: int = 0) -> Tensor:
   """Join along `dim`: every tensor is padded to the full length and the padded tensors are added."""
-  ts = (self, *args)
-  if any(t.ndim != self.ndim for t in ts) or self.ndim == 0:
+  ts = _tensor_list("cat", self, args)
+  self = ts[0]
+  if (zero := next((i for i, t in enumerate(ts) if t.ndim == 0), None)) is not None:
+    raise ShapeError(f"cat: a zero-dimensional tensor (at position {zero}) cannot be concatenated; use stack")
+  if any(t.ndim != self.ndim for t in ts):
     raise ShapeError(f"cat needs tensors with the same number (> 0) of dimensions, got shapes {', '.join(fmt(t.shape) for t in ts)}")
   d = resolve_dim(self.shape, dim)
   for t in ts:
@@ -191,8 +210,9 @@ def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
   return functools.reduce(lambda a, b: a + b, parts)
 
 
-def stack(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-  ts = (self, *args)
+def stack(self: Tensor | Sequence[Tensor], *args: Tensor | Sequence[Tensor], dim: int = 0) -> Tensor:
+  ts = _tensor_list("stack", self, args)
+  self = ts[0]
   for t in ts:
     if t.shape != self.shape: raise ShapeError(f"stack needs tensors of one shape, got {fmt(self.shape)} and {fmt(t.shape)}")
   d = resolve_dim(self.shape, dim, extra=True)
