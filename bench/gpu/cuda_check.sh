@@ -1,46 +1,66 @@
 #!/usr/bin/env bash
-# The CUDA check on an NVIDIA GPU machine (conventions: /work/shared/gpu/README.md). Installs the working tree, prints
-# the GPU and driver, runs the conformance suite on CUDA with every tier (run included), the repository's CUDA tests,
-# the Triton-through-plugrad example and the benchmark (bench/gpu/cuda_bench.py: matmuls next to cuBLAS and Triton,
-# elementwise next to HBM, softmax/layernorm, TinyJit replay next to a PyTorch CUDA graph, the digits CNN step);
-# every log goes to $OUT (default ./gpu-logs), the benchmark's table to $OUT/bench.log and $OUT/bench.json.
-# The machine has no network: the NVRTC/nvJitLink wheels must be there already (PyTorch brings them) or be passed as
-# files in $WHEELS (a directory of nvidia_cuda_nvrtc-*.whl / nvidia_nvjitlink-*.whl).
-# Time: every step has a hard limit (`timeout`); the limits add up to 12 minutes (13 with WHEELS), a normal run takes
-# less (the device budget is 15 minutes, the machine's start included); the benchmark stops starting workers at its
-# own --budget, so its table is printed before its step's limit. STEPS="bench triton" (names below) runs only those,
-# for a rerun that fits what is left; BENCH_ARGS passes options to the benchmark (e.g. "--quick" or "--only mm16,ew").
+# The CUDA check on an NVIDIA GPU machine (its limits: /work/shared/gpu/README.md; docs/gpu-check.md). From the
+# repository root, with $OUT the folder that comes back:
+#   OUT=/some/dir bash bench/gpu/cuda_check.sh            # every step; STEPS="smoke bench" reruns only those
+# Steps, each under `timeout -s INT` (pytest and the bench print their summaries when interrupted), in this order:
+#   gpu          nvidia-smi: the GPU, driver and memory (decides whether the GPU steps run)
+#   install      plugrad and plugrad-cuda from this tree, offline: --no-build-isolation (the image's setuptools),
+#                --no-deps, PIP_NO_INDEX=1 (no index is reachable; a missing package fails at once, not after retries)
+#   smoke        bench/gpu/cuda_smoke.py: every driver path once, PASS/FAIL with the CUDA error name
+#   conformance  the suite's run tier on CUDA, 8 workers, a per-test deadline, --maxfail, the report as JSON
+#   bench        bench/gpu/cuda_bench.py: device time by CUDA events next to host time, cuBLAS and Triton in the
+#                same process, HBM bandwidth, TinyJit/CUDA-graph replay (output checked), all in bench.json
+# The limits add up to 350 s (the device budget is 15 minutes with the machine's start, so a failed first run can
+# be fixed and rerun). $OUT gets at most 5 files: summary.txt, logs.tgz (every step's full log, rewritten after each
+# step), smoke.json, conformance.json, bench.json; the logs and the compile cache live in a temporary folder.
+# Without a GPU (no nvidia-smi, or it lists none) every GPU step says "no GPU" and the script exits 0 in a second;
+# a step named in STEPS runs anyway when it needs no GPU (install). PYTHON picks the interpreter (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-./gpu-logs}"
+ROOT="$PWD"
+OUT="${OUT:-./gpu-out}"
 mkdir -p "$OUT"
-export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PLUGRAD_STRICT_PLUGINS=1 PLUGRAD_CACHE_DIR="$OUT/cache" PYTHONUNBUFFERED=1
-STEPS="${STEPS:-gpu driver wheels install toolchain devices bench triton cuda_tests conformance}"
+OUT="$(cd "$OUT" && pwd)"
+PY="${PYTHON:-python3}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/cuda-check.XXXXXX")"
+mkdir -p "$WORK/logs"
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1 PLUGRAD_STRICT_PLUGINS=1 PYTHONUNBUFFERED=1
+export PLUGRAD_CACHE_DIR="$WORK/cache" TRITON_CACHE_DIR="$WORK/triton" PYTHONPATH="$ROOT/bench/gpu${PYTHONPATH:+:$PYTHONPATH}"
+ALL="gpu install smoke conformance bench"
+NAMED="${STEPS:-}"  # the steps the caller asked for by name
+STEPS="${STEPS:-$ALL}"
+for s in $STEPS; do [[ " $ALL " == *" $s "* ]] || { echo "cuda_check.sh: unknown step '$s' (steps: $ALL)" >&2; exit 2; }; done
 status=0
 start=$SECONDS
+GPU_WHY=""
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-step() {  # step NAME TIMEOUT CMD...: run CMD with its log in $OUT/NAME.log, keep going on failure, remember it
-  local name="$1" limit="$2"; shift 2
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+pack() { tar -czf "$OUT/logs.tgz.tmp" -C "$WORK" logs && mv "$OUT/logs.tgz.tmp" "$OUT/logs.tgz"; }
+step() {  # step NAME LIMIT GPU(1|0) CMD...: CMD under the limit, its log in $WORK/logs/NAME.log, keep going on failure
+  local name="$1" limit="$2" gpu="$3"; shift 3
   want "$name" || return 0
-  echo "== $name (limit ${limit}s, at $((SECONDS - start))s): $*" | tee -a "$OUT/summary.txt"
-  timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  if [ "$gpu" = 1 ] && [ -n "$GPU_WHY" ]; then say "== $name: no GPU ($GPU_WHY), not run"; return 0; fi
+  if [ "$name" = install ] && [ -n "$GPU_WHY" ] && [[ " $NAMED " != *" install "* ]]; then
+    say "== $name: no GPU ($GPU_WHY), not run (STEPS=install runs it anyway)"; return 0
+  fi
+  say "== $name (limit ${limit}s, at $((SECONDS - start))s): $*"
+  timeout -s INT -k 15 "$limit" "$@" >"$WORK/logs/$name.log" 2>&1
   local rc=$?
-  tail -n "${TAIL:-3}" "$OUT/$name.log" | sed 's/^/   /' | tee -a "$OUT/summary.txt"
-  echo "   -> exit $rc$([ "$rc" = 124 ] && echo ' (timed out)')" | tee -a "$OUT/summary.txt"
+  tail -n "${TAIL:-4}" "$WORK/logs/$name.log" | sed 's/^/   /' | tee -a "$OUT/summary.txt"
+  say "   -> exit $rc$([ "$rc" = 124 ] || [ "$rc" = 130 ] && echo ' (timed out: interrupted)') after $((SECONDS - start))s"
   [ "$rc" = 0 ] || status=1
+  pack
 }
 : >"$OUT/summary.txt"
-step gpu 20 nvidia-smi
-step driver 20 bash -c 'nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv'
-if [ -n "${WHEELS:-}" ]; then step wheels 60 python3 -m pip install --no-deps --no-index "$WHEELS"/*.whl; fi
-step install 60 python3 -m pip install --no-deps -e core -e plugins/cuda
-step toolchain 30 python3 -c 'from plugrad_cuda import nvrtc; l = nvrtc.libs(); print(l.nvrtc_path, l.version, l.jitlink_path, l.jitlink_version)'
-step devices 30 python3 -m plugrad devices CUDA
-# the figures first (what only a GPU can give), each workload in its own worker with its own cap
-TAIL=40 step bench 270 python3 bench/gpu/cuda_bench.py --cap 60 --budget 240 --json "$OUT/bench.json" ${BENCH_ARGS:-}
-TAIL=2 step triton 60 python3 examples/triton_matmul.py --size 4096
-# plugrad-cuda's own tests, and the repository's around it (this script, the benchmark's dry run, the Triton example)
-step cuda_tests 60 python3 -m pytest -q -p no:cacheprovider -p no:xdist plugins/cuda/tests tests/test_plugin_scripts.py -k "cuda or triton" -o addopts=
-step conformance 170 python3 -m pytest -q -p no:cacheprovider -p no:xdist --pyargs plugrad.testing --plugrad-device=CUDA -o addopts= -x -rs
-echo "logs in $OUT (summary.txt); $((SECONDS - start)) s; overall exit $status" | tee -a "$OUT/summary.txt"
+if ! command -v nvidia-smi >/dev/null 2>&1; then GPU_WHY="nvidia-smi not found"
+elif ! timeout 15 nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then GPU_WHY="nvidia-smi lists no GPU"; fi
+step gpu 15 1 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm --format=csv
+step install 45 0 bash -c "$PY -m pip install --no-deps --no-build-isolation -e core -e plugins/cuda && $PY -c 'import plugrad, plugrad_cuda; print(\"installed:\", plugrad.__file__, plugrad_cuda.__file__)'"
+step smoke 60 1 "$PY" bench/gpu/cuda_smoke.py --json "$OUT/smoke.json"
+TAIL=25 step conformance 120 1 "$PY" -m pytest -q -p no:cacheprovider -p pytest_deadline --deadline 60 -n 8 --maxfail 20 -rfE -o addopts= \
+  --pyargs plugrad.testing --plugrad-device=CUDA --plugrad-tiers=run --plugrad-results "$OUT/conformance.json"
+TAIL=40 step bench 110 1 "$PY" bench/gpu/cuda_bench.py --budget 100 --json "$OUT/bench.json"
+say "$((SECONDS - start)) s; overall exit $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+pack
 exit "$status"
