@@ -19,13 +19,18 @@ Workloads (--only picks them by key):
   cnn        the main job's training step (examples/train_digits.py's DigitsCNN, batch 128 of 1x8x8, Adam, label
              smoothing) on DEV=CUDA under TinyJit, ms per step, next to the same model in eager PyTorch on the GPU
 
-How it measures. Every (workload, framework) runs in a worker process of its own (this script with --worker), so a
-fault that poisons a CUDA context (an illegal address) costs one line, not the run, and each worker is killed after
---cap seconds ("timeout"). In a worker: inputs from numpy's default_rng (the same seed for every framework), copied to
-the GPU once; warm-up runs (compiles, captures) excluded; then timed runs, each launched and synchronized
-(`Device["CUDA"].synchronize()` / `torch.cuda.synchronize()`), until they add up to 0.3 s (at least 3, at most 50);
-the median is reported. Each result is checked once against a float64 numpy reference on sampled rows (max abs error /
-max abs reference). The ratio (x) is plugrad/peer for rates and peer/plugrad for times: above 1, plugrad is faster.
+How it measures. Every workload runs in a worker process of its own (this script with --worker), with all of its
+frameworks in that one process (plugrad, then torch/cuBLAS, then Triton), so a fault that poisons a CUDA context (an
+illegal address) costs one line, not the run, and each worker is killed after --cap seconds ("timeout"). In a worker:
+inputs from numpy's default_rng (the same seed for every framework), copied to the GPU once; warm-up runs (compiles,
+captures) excluded; then timed runs, each launched and synchronized (`Device["CUDA"].synchronize()` /
+`torch.cuda.synchronize()`), until they add up to 0.3 s (at least 3, at most 50); the median is reported as the host
+time. The device time is the GPU's own, by CUDA events: for plugrad the sum of the run's kernels (or graph launches),
+each timed by events around its launch (plugrad's timeline tracing, which makes every launch wait and time itself);
+for torch events recorded on its stream around the run. Rates are given for both ("host" includes Python and launch
+overhead; "dev" is what the GPU took). Each result is checked once against a float64 numpy reference on sampled rows
+(max abs error / max abs reference); the replay's output against the same chain in numpy. The ratio (x) is
+plugrad/peer for rates and peer/plugrad for times: above 1, plugrad is faster.
 
 The figures are the GPU's own: this script prints the GPU's name first. Without a GPU it says so and exits 1; the
 figures are then unmeasured (never estimated).
@@ -84,6 +89,34 @@ def timed(fn: Callable[[], Any], sync: Callable[[], None], warmup: int = 2) -> l
   return times
 
 
+def plugrad_device_seconds(fn: Callable[[], Any], reps: int = 5) -> float | None:
+  """Median over `reps` runs of the GPU seconds of fn's launches, each timed by CUDA events (trace's timeline makes
+  every kernel launch and graph replay wait and time itself); None when nothing was launched."""
+  from plugrad import trace
+  sums = []
+  for _ in range(reps):
+    trace.enable(graphs=True)
+    try: fn()
+    finally: got = trace.disable()
+    launches = [x.seconds for x in (got.launches if got is not None else []) if x.kind in ("kernel", "graph")]
+    if launches: sums.append(sum(launches))
+  return statistics.median(sums) if sums else None
+
+
+def torch_device_seconds(fn: Callable[[], Any], reps: int = 5) -> float:
+  """Median GPU seconds of fn by torch.cuda events around it on the current stream."""
+  import torch
+  out = []
+  for _ in range(reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    out.append(start.elapsed_time(end) / 1e3)
+  return statistics.median(out)
+
+
 def inputs(key: str, sz: dict[str, Any], seed: int = 0) -> list[np.ndarray]:
   rng = np.random.default_rng(seed)
   if key in ("mm16", "mm32"):
@@ -134,6 +167,12 @@ def rate(key: str, sz: dict[str, Any], seconds: float) -> float:
   return seconds
 
 
+def device_value(key: str, sz: dict[str, Any], seconds: float) -> float:
+  """The workload's figure in its unit from GPU seconds (per run; per kernel for the replay)."""
+  unit = WORKLOADS[key][1]
+  return seconds * 1e6 if unit == "us/kernel" else seconds * 1e3 if unit == "ms/step" else rate(key, sz, seconds)
+
+
 def plugrad_worker(key: str, fw: str, sz: dict[str, Any], device: str) -> dict[str, Any]:
   from plugrad import Device, Tensor, TinyJit, dtypes
   Device.DEFAULT = device  # the CNN's parameters are created on the default device
@@ -151,6 +190,7 @@ def plugrad_worker(key: str, fw: str, sz: dict[str, Any], device: str) -> dict[s
     from plugrad.backend import run_program
     c = Tensor.empty(sz["mm"], sz["mm"], dtype=dtypes.float16, device=device).realize()
     times = timed(lambda: run_program(prog, c, *ts), sync)
+    out["device_s"] = plugrad_device_seconds(lambda: run_program(prog, c, *ts))
     res = c.numpy()
     out.update(triton_shared=meta["shared"], ptx_target=ptx.split(".target", 1)[1].split()[0])
   elif key in ("mm16", "mm32", "ew", "softmax", "layernorm"):
@@ -159,6 +199,7 @@ def plugrad_worker(key: str, fw: str, sz: dict[str, Any], device: str) -> dict[s
     last: list[Tensor] = []
     def run() -> None: last[:] = [fn().realize()]
     times = timed(run, sync)
+    out["device_s"] = plugrad_device_seconds(run)
     res = last[0].numpy()
     from plugrad.codegen import get_program
     from plugrad.engine.schedule import create_schedule
@@ -168,8 +209,10 @@ def plugrad_worker(key: str, fw: str, sz: dict[str, Any], device: str) -> dict[s
   elif key == "replay":
     sys.path.insert(0, HERE)
     import cuda_replay
-    us, ngraphs = cuda_replay.time_plugrad(device, reps=50 if sz is SIZES["dry"] else cuda_replay.R)
-    return {**out, "value": us / cuda_replay.K, "graphs": ngraphs, "times": [us * 1e-6]}
+    r = cuda_replay.time_plugrad(device, reps=50 if sz is SIZES["dry"] else cuda_replay.R)
+    dev_us = r["device_us"]
+    return {**out, "value": r["us"] / cuda_replay.K, "graphs": r["graphs"], "times": [r["us"] * 1e-6], "relerr": r["relerr"],
+            "device_s": None if dev_us is None else dev_us * 1e-6 / cuda_replay.K}
   elif key == "cnn":
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from train_digits import DigitsCNN
@@ -191,6 +234,7 @@ def plugrad_worker(key: str, fw: str, sz: dict[str, Any], device: str) -> dict[s
       return loss.realize(*opt.schedule_step())
     losses: list[Tensor] = []
     times = timed(lambda: losses.append(step()), sync, warmup=3)  # TinyJit captures on the second call
+    out["device_s"] = plugrad_device_seconds(step)
     loss = float(losses[-1].numpy())
     if not np.isfinite(loss): raise RuntimeError(f"the loss is {loss}")
     return {**out, "value": statistics.median(times) * 1e3, "times": times, "loss": loss, "relerr": 0.0}
@@ -213,13 +257,15 @@ def torch_worker(key: str, sz: dict[str, Any]) -> dict[str, Any]:
     last: list[Any] = []
     def run() -> None: last[:] = [fn()]
     times = timed(run, sync)
+    out["device_s"] = torch_device_seconds(run)
     res = last[0].float().cpu().numpy()
     return {**out, "value": rate(key, sz, statistics.median(times)), "times": times, "relerr": relerr(key, xs, res)}
   if key == "replay":
     sys.path.insert(0, HERE)
     import cuda_replay
-    us = cuda_replay.time_torch()
-    return {**out, "value": us / (2 * cuda_replay.K), "times": [us * 1e-6], "note": f"{2 * cuda_replay.K} kernels per step (mul, add)"}
+    us, dev_us = cuda_replay.time_torch()
+    return {**out, "value": us / (2 * cuda_replay.K), "times": [us * 1e-6], "device_s": dev_us * 1e-6 / (2 * cuda_replay.K),
+            "note": f"{2 * cuda_replay.K} kernels per step (mul, add)"}
   if key == "cnn":
     from torch import nn
     torch.manual_seed(0)
@@ -234,19 +280,22 @@ def torch_worker(key: str, sz: dict[str, Any]) -> dict[str, Any]:
       nn.functional.cross_entropy(cnn(xb), yb, label_smoothing=0.1).backward()
       opt.step()
     times = timed(step, sync, warmup=3)
+    out["device_s"] = torch_device_seconds(step)
     return {**out, "value": statistics.median(times) * 1e3, "times": times, "relerr": 0.0}
   raise ValueError(f"no torch workload {key!r}")
 
 
 def worker(args: argparse.Namespace) -> None:
+  """Every framework of one workload in this one process; one RESULT line per framework as it finishes."""
   sz = SIZES[args.profile]
-  try:
-    res = torch_worker(args.worker, sz) if args.framework == "torch" else plugrad_worker(args.worker, args.framework, sz, args.device)
-  except Exception as e:
-    import traceback
-    traceback.print_exc()
-    res = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
-  print("RESULT " + json.dumps(res))
+  for fw in args.framework.split(","):
+    try: res = torch_worker(args.worker, sz) if fw == "torch" else plugrad_worker(args.worker, fw, sz, args.device)
+    except Exception as e:
+      import traceback
+      traceback.print_exc()
+      res = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+    if (dev := res.get("device_s")) and "value" in res: res["device_value"] = device_value(args.worker, sz, dev)
+    print("RESULT " + json.dumps({"framework": fw, **res}), flush=True)
 
 
 # ------------------------------------------------------------------------------------------------ the parent
@@ -260,21 +309,33 @@ def gpu_reason() -> str | None:
   except Exception as e: return f"{type(e).__name__}: {e}"
 
 
-def run_worker(key: str, fw: str, profile: str, device: str, cap: float) -> dict[str, Any]:
-  cmd = [sys.executable, os.path.abspath(__file__), "--worker", key, "--framework", fw, "--profile", profile, "--device", device]
+def run_worker(key: str, fws: tuple[str, ...], profile: str, device: str, cap: float) -> dict[str, dict[str, Any]]:
+  """{framework: result} of one worker process running the workload for each of `fws` in turn."""
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", key, "--framework", ",".join(fws), "--profile", profile, "--device", device]
   env = {**os.environ, "PYTHONUNBUFFERED": "1"}
   if device == "PYTHON": env["EMULATE"] = "CUDA"  # the dry run's kernels are lowered as for CUDA (tensor cores included)
   t = time.perf_counter()
-  try: p = subprocess.run(cmd, capture_output=True, text=True, timeout=cap, env=env, cwd=ROOT)
-  except subprocess.TimeoutExpired: return {"error": f"timeout (over {cap:.0f} s)"}
-  lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-  if not lines:
-    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"worker exited {p.returncode}: {tail}"[:300]}
-  res = json.loads(lines[-1][len("RESULT "):])
-  res["wall"] = time.perf_counter() - t
-  if res.get("error") and p.stderr: res["log"] = p.stderr[-2000:]
-  return res
+  stdout, stderr, why = "", "", ""
+  try:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=cap, env=env, cwd=ROOT)
+    stdout, stderr, why = p.stdout, p.stderr, f"worker exited {p.returncode}"
+  except subprocess.TimeoutExpired as e:  # the frameworks that finished before the cap still count
+    stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    why = f"timeout (over {cap:.0f} s)"
+  out: dict[str, dict[str, Any]] = {}
+  for ln in stdout.splitlines():
+    if ln.startswith("RESULT "):
+      res = json.loads(ln[len("RESULT "):])
+      out[res.pop("framework")] = res
+  wall = time.perf_counter() - t
+  for fw in fws:
+    if fw not in out:
+      tail = (stderr.strip().splitlines() or ["no output"])[-1]
+      out[fw] = {"error": f"{why}: {tail}"[:300]}
+    out[fw]["wall"] = wall
+    if out[fw].get("error") and stderr: out[fw]["log"] = stderr[-2000:]
+  return out
 
 
 def fmt(v: float) -> str: return f"{v:.3g}" if v < 100 else f"{v:.0f}"
@@ -286,8 +347,8 @@ def label(key: str, sz: dict[str, Any]) -> str:
 
 
 def report(results: dict[str, dict[str, dict[str, Any]]], sz: dict[str, Any], dry: bool = False) -> list[str]:
-  lines = ["Each line: the workload, then each framework's median; (x) = plugrad/peer for rates, peer/plugrad for times: "
-           "above 1, plugrad is faster."]
+  lines = ["Each line: the workload, then each framework's median host figure, [dev: the same from the GPU's CUDA-event time]; "
+           "(x) = plugrad/peer for rates, peer/plugrad for times: above 1, plugrad is faster."]
   problems = []
   for key, row in results.items():
     name, unit, higher, fws = WORKLOADS[key]
@@ -301,20 +362,25 @@ def report(results: dict[str, dict[str, dict[str, Any]]], sz: dict[str, Any], dr
         parts.append(f"{who} n/a")
         problems.append(f"{label(key, sz)}: {who}: {r['error']}")
         continue
-      v = r["value"]
-      ratio = "" if fw == "plugrad" or not p else f" ({(p / v if higher else v / p):.3g}x)"
-      parts.append(f"{who} {fmt(v)}{ratio}")
+      v, dv, dp = r["value"], r.get("device_value"), row.get("plugrad", {}).get("device_value")
+      ratio = "" if fw == "plugrad" or not p else f" ({(p / v if higher else v / p):.3g}x"
+      if ratio and dv and dp: ratio += f"; dev {(dp / dv if higher else dv / dp):.3g}x"
+      parts.append(f"{who} {fmt(v)}" + (f" [dev {fmt(dv)}]" if dv else "") + (ratio + ")" if ratio else ""))
+      if key == "replay" and fw == "plugrad": parts[-1] += f" ({r.get('graphs', 0)} CUDA graph(s))"
       if r.get("relerr", 0.0) > (2e-2 if key == "mm16" else 1e-3):
         problems.append(f"MISMATCH {label(key, sz)}: {who} relative error {r['relerr']:.2e} (vs float64 numpy)")
-    if key == "ew" and p and not dry: parts.append(f"HBM peak {HBM_GBPS:.0f} (datasheet) ({p / HBM_GBPS:.3g}x)")
+    if key == "ew" and p and not dry:
+      dp = row.get("plugrad", {}).get("device_value")
+      parts.append(f"HBM peak {HBM_GBPS:.0f} (datasheet) ({p / HBM_GBPS:.3g}x" + (f"; dev {dp / HBM_GBPS:.3g}x)" if dp else ")"))
     lines.append(f"{label(key, sz):34s} {unit:9s} " + " | ".join(parts))
   kern = [f"  {k}: {' ; '.join(r['plugrad']['kernels'])}" for k, r in results.items() if r.get("plugrad", {}).get("kernels")]
   if kern: lines += ["plugrad's kernels (name, the default heuristics' actions):", *kern]
   # the issue's targets, read off the lines above
   def val(k: str, fw: str) -> float | None: return results.get(k, {}).get(fw, {}).get("value")
   checks = []
-  if (p := val("mm16", "plugrad")) and (t := val("mm16", "torch")): checks.append(f"fp16 matmul {p / t:.2f}x cuBLAS (target >= 0.7)")
-  if (p := val("ew", "plugrad")): checks.append(f"elementwise {p / HBM_GBPS:.2f}x HBM peak (target >= 0.85)")
+  def dval(k: str, fw: str) -> float | None: return results.get(k, {}).get(fw, {}).get("device_value") or val(k, fw)
+  if (p := dval("mm16", "plugrad")) and (t := dval("mm16", "torch")): checks.append(f"fp16 matmul {p / t:.2f}x cuBLAS by device time (target >= 0.7)")
+  if (p := dval("ew", "plugrad")): checks.append(f"elementwise {p / HBM_GBPS:.2f}x HBM peak by device time (target >= 0.85)")
   if (p := val("replay", "plugrad")): checks.append(f"replay {p:.2f} us/kernel (target <= 2)")
   if checks and not dry: lines.append("targets (issue 16): " + "; ".join(checks))
   lines += [f"  ! {x}" for x in problems]
@@ -326,7 +392,7 @@ def main() -> int:
   ap.add_argument("--quick", action="store_true", help="smaller sizes (matmul 2048, 64M elements)")
   ap.add_argument("--dry", action="store_true", help="no GPU: plugrad's workloads at toy sizes on the PYTHON device")
   ap.add_argument("--only", default="", help="comma-separated workload keys")
-  ap.add_argument("--cap", type=float, default=90.0, help="seconds per worker before it is killed")
+  ap.add_argument("--cap", type=float, default=60.0, help="seconds per worker (one workload, all its frameworks) before it is killed")
   ap.add_argument("--budget", type=float, default=0.0, help="seconds for the whole run: no worker starts (or runs) past it")
   ap.add_argument("--json", default="", help="write the raw results here")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -351,13 +417,14 @@ def main() -> int:
   results: dict[str, dict[str, dict[str, Any]]] = {}
   for key in keys:
     fws = ("plugrad",) if args.dry else WORKLOADS[key][3]
-    for fw in fws:
-      left = args.budget - (time.perf_counter() - t0) if args.budget else args.cap
-      skipped = {"error": f"skipped: the --budget of {args.budget:.0f} s is spent"}
-      res = run_worker(key, fw, profile, device, min(args.cap, left)) if left >= 10 else skipped
-      results.setdefault(key, {})[fw] = res
+    left = args.budget - (time.perf_counter() - t0) if args.budget else args.cap
+    skipped: dict[str, Any] = {"error": f"skipped: the --budget of {args.budget:.0f} s is spent"}
+    row = run_worker(key, fws, profile, device, min(args.cap, left)) if left >= 10 else {fw: dict(skipped) for fw in fws}
+    results[key] = row
+    for fw, res in row.items():
       if "device" in res and "GPU" in head and fw == "plugrad": head = res["device"]
-      status = res.get("error") or f"{fmt(res['value'])} {WORKLOADS[key][1]} ({res.get('wall', 0):.0f} s)"
+      dev = f", dev {fmt(res['device_value'])}" if res.get("device_value") else ""
+      status = res.get("error") or f"{fmt(res['value'])} {WORKLOADS[key][1]}{dev} ({res.get('wall', 0):.0f} s)"
       print(f"  {key:9s} {fw:8s} {status}", flush=True)
   if not args.dry:
     devs = {r["device"] for row in results.values() for r in row.values() if "device" in r}

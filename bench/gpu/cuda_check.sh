@@ -60,7 +60,7 @@ step install 45 0 bash -c "$PY -m pip install --no-deps --no-build-isolation -e 
 step smoke 60 1 "$PY" bench/gpu/cuda_smoke.py --json "$OUT/smoke.json"
 TAIL=25 step conformance 120 1 "$PY" -m pytest -q -p no:cacheprovider -p pytest_deadline --deadline 60 -n 8 --maxfail 20 -rfE -o addopts= \
   --pyargs plugrad.testing --plugrad-device=CUDA --plugrad-tiers=run --plugrad-results "$OUT/conformance.json"
-TAIL=40 step bench 110 1 "$PY" bench/gpu/cuda_bench.py --budget 100 --json "$OUT/bench.json"
+TAIL=40 step bench 110 1 "$PY" bench/gpu/cuda_bench.py --budget 100 --cap 45 --json "$OUT/bench.json"
 say "$((SECONDS - start)) s; overall exit $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 pack
 exit "$status"

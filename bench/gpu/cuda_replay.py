@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,17 @@ def plugrad_step(device: str, k: int = K):
   return f, x
 
 
-def time_plugrad(device: str, reps: int = R) -> tuple[float, int]:
-  from plugrad import Device
+def reference(x: np.ndarray, k: int = K) -> np.ndarray:
+  """The chain in numpy float32, op by op (CUDA's kernels multiply, then add, rounding each: --fmad=false)."""
+  for i in range(k): x = (x * np.float32(1.0001) + np.float32(i)).astype(np.float32)
+  return x
+
+
+def time_plugrad(device: str, reps: int = R) -> dict[str, Any]:
+  """Host µs per replay (median), GPU µs per replay by CUDA events (the graph launch timed by the runtime's events
+  through plugrad's timeline tracing; None where nothing was timed), the number of graphs in the capture and the
+  replayed output's relative error against numpy (on new input buffers)."""
+  from plugrad import Device, Tensor, trace
   f, x = plugrad_step(device)
   for _ in range(3): f(x).realize()  # capture, then the graph exists
   graphs = [s for s in f.captured.steps if hasattr(s, "deps")]
@@ -36,10 +46,21 @@ def time_plugrad(device: str, reps: int = R) -> tuple[float, int]:
     f(x).realize()
     Device[device].synchronize()
     times.append(time.perf_counter() - t)
-  return statistics.median(times) * 1e6, len(graphs)
+  dev = []
+  for _ in range(min(reps, 20)):
+    trace.enable(graphs=True)
+    try: f(x).realize()
+    finally: got = trace.disable()
+    if got is not None and (ts := [ln.seconds for ln in got.launches if ln.kind in ("kernel", "graph")]): dev.append(sum(ts))
+  xs = np.random.default_rng(1).uniform(0.5, 2.0, N).astype(np.float32)
+  out = f(Tensor(xs, device=device).realize()).numpy()  # a replay on a new input buffer, checked
+  want = reference(xs)
+  err = float(np.max(np.abs(out.astype(np.float64) - want)) / np.max(np.abs(want)))
+  return {"us": statistics.median(times) * 1e6, "device_us": statistics.median(dev) * 1e6 if dev else None, "graphs": len(graphs), "relerr": err}
 
 
-def time_torch(reps: int = R) -> float:
+def time_torch(reps: int = R) -> tuple[float, float]:
+  """(host µs, GPU µs by CUDA events) per replay of a PyTorch CUDA graph of the same chain."""
   import torch
   x = torch.ones(N, device="cuda")
   s = torch.cuda.Stream()
@@ -52,14 +73,21 @@ def time_torch(reps: int = R) -> float:
   g = torch.cuda.CUDAGraph()
   with torch.cuda.graph(g): out = body(x)
   torch.cuda.synchronize()
-  times = []
+  times, dev = [], []
   for _ in range(reps):
     t = time.perf_counter()
     g.replay()
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
-  assert out.numel() == N
-  return statistics.median(times) * 1e6
+  for _ in range(min(reps, 20)):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    dev.append(start.elapsed_time(end) * 1e3)
+  if out.numel() != N: raise RuntimeError(f"torch's graph output has {out.numel()} elements, not {N}")
+  return statistics.median(times) * 1e6, statistics.median(dev)
 
 
 def main() -> None:
@@ -71,11 +99,13 @@ def main() -> None:
     for _ in range(3): f(x)
     print("dry run ok")
     return
-  us, ngraphs = time_plugrad("CUDA")
-  print(f"plugrad CUDA-graph replay: {us:.1f} us per step of {K} kernels = {us / K:.2f} us per kernel ({ngraphs} graph(s))")
+  r = time_plugrad("CUDA")
+  dev = f", GPU {r['device_us'] / K:.2f} us per kernel by events" if r["device_us"] else ""
+  print(f"plugrad CUDA-graph replay: {r['us']:.1f} us per step of {K} kernels = {r['us'] / K:.2f} us per kernel{dev} "
+        f"({r['graphs']} graph(s)); output vs numpy: relative error {r['relerr']:.1e}")
   try:
-    tu = time_torch()
-    print(f"torch CUDA-graph replay:   {tu:.1f} us per step of {2 * K} kernels = {tu / (2 * K):.2f} us per kernel")
+    tu, td = time_torch()
+    print(f"torch CUDA-graph replay:   {tu:.1f} us per step of {2 * K} kernels = {tu / (2 * K):.2f} us per kernel, GPU {td / (2 * K):.2f} us")
   except Exception as e: print(f"torch CUDA-graph replay: unavailable ({type(e).__name__}: {e})")
 
 
