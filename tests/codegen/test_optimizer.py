@@ -639,3 +639,21 @@ def test_heuristics_pad_an_lm_head_to_the_register_tile():
     applied = list(get_program(ast, Device["CPU"].renderer).applied_opts)
     assert want in applied and any(o.op is OptOps.PADTO for o in applied), applied
     check_same(ast, Device["CPU"].renderer, applied, var_vals)
+
+
+def test_heuristics_channel_tile_a_convolution_whose_panel_exceeds_the_budget(monkeypatch):
+  # ResNet's 512-channel 3x3 convs: one register tile's weight panel (16 channels x 512 x 3x3: 288 KiB) is over
+  # PACK_BUDGET, no channel tile was left, and the kernel got no actions (scalar loops, 0.5-1 GFLOPS). Scaled down here:
+  # the budget is set so that one tile's panel lies between it and twice it.
+  from plugrad.codegen.opt import heuristic
+  renderer = Device["CPU"].renderer
+  if (w := renderer.vector_width) <= 1: pytest.skip("the CPU renderer has no vector lanes on this machine")
+  monkeypatch.setattr(heuristic, "PACK_BUDGET", 600 * w)  # one tile's panel: w x 24 x 3 x 3 x 4 bytes = 864 w
+  x, wt = RNG.standard_normal((1, 24, 5, 5)).astype(np.float32), RNG.standard_normal((2 * w, 24, 3, 3)).astype(np.float32)
+  ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), padding=1))
+  prg = get_program(ast, renderer)
+  applied = list(prg.applied_opts)
+  assert Opt(OptOps.UPCAST, 0, w) in applied and Opt(OptOps.TILE, 0, 1) in applied and OptOps.PACK in {o.op for o in applied}, applied
+  np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
+  past, pvals = _ast(Tensor(x, device="PYTHON").conv2d(Tensor(wt, device="PYTHON"), padding=1))
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)

@@ -153,12 +153,14 @@ def _transposed_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> Scheduler |
 ROW_LIMIT = {True: 14, False: 6}  # rows of a channel tile (one vector accumulator each): 32 vector registers (AVX-512) or 16
 
 
-def _pack_fits(k: Scheduler, n: int) -> bool:
-  """PACK operand `n` on `k` when its copy fits PACK_BUDGET (the panel should stay in L2 while the tile reuses it)."""
+def _pack_fits(k: Scheduler, n: int, budget: int | None = None) -> bool:
+  """PACK operand `n` on `k` when its copy fits `budget` (default PACK_BUDGET: the panel should stay in L2 while the
+  tile reuses it)."""
+  budget = PACK_BUDGET if budget is None else budget
   trial = k.copy()
   if not _try(trial, Opt(OptOps.PACK, n)): return False
   regs = [u.dtype for u in trial.ast.toposort if u.op is Ops.DEFINE_REG]
-  if max((p.size * p.base.itemsize for p in regs if isinstance(p, PtrDType) and p.addrspace is AddrSpace.REG), default=0) > PACK_BUDGET: return False
+  if max((p.size * p.base.itemsize for p in regs if isinstance(p, PtrDType) and p.addrspace is AddrSpace.REG), default=0) > budget: return False
   k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
   return True
 
@@ -244,9 +246,13 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
     # too big for one copy: TILE the channel loop (the tile loop goes outermost, the threads split the tiles, each
     # packing its own panel) until one tile's panel fits PACK_BUDGET
     size = _const_size(trial.output_axes[ci])
-    for t in sorted((t for t in range(1, size) if size % t == 0), reverse=True):
+    tiles = sorted((t for t in range(1, size) if size % t == 0), reverse=True)
+    # a long reduction (512 channels x 3x3: one 16-channel panel is 288 KiB) fits no tile: one register tile's panel
+    # then up to twice the budget, as _pack_panel allows; without it the kernel got no actions at all and ran as
+    # scalar loops (ResNet's 512-channel 3x3 convs at 7x7: 0.5-1 GFLOPS)
+    for t, budget in [(t, PACK_BUDGET) for t in tiles] + [(1 if tiles else 0, 2 * PACK_BUDGET)]:  # t=0: no TILE
       tiled = trial.copy()
-      if _try(tiled, Opt(OptOps.TILE, ci, t)) and (pk := _reader(tiled, lane)) is not None and _pack_fits(tiled, pk):
+      if (t == 0 or _try(tiled, Opt(OptOps.TILE, ci, t))) and (pk := _reader(tiled, lane)) is not None and _pack_fits(tiled, pk, budget):
         _pack_fused_operand(tiled, lane)
         return tiled
   return None
