@@ -208,7 +208,7 @@ def copy_random_weights(pg: Any, th: Any, seed: int = 0) -> None:
   for name, t in sorted(nn.get_state_dict(pg).items()):
     *path, leaf = name.split(".")
     if leaf == "num_batches_tracked": continue
-    shape = tuple(int(d) for d in t.shape)
+    shape = tuple(d for d in t.shape if isinstance(d, int))  # the models have constant shapes
     fan_in = max(1, math.prod(shape[1:]))
     if leaf == "running_var" or (leaf == "weight" and len(shape) == 1): a = rng.uniform(0.5, 1.5, shape)
     elif leaf in ("running_mean", "bias"): a = rng.normal(0, 0.1, shape)
