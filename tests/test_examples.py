@@ -34,3 +34,44 @@ def test_gpt_char_smoke(tmp_path):
   assert "same logits" in out.stdout
   sd = safe_load(weights)
   assert sd["tok.weight"].shape[1] == 32 and "blocks.0.qkv.weight" in sd and "vocab" in safe_load_metadata(weights)
+
+
+def test_llm_smoke():
+  """examples/llm.py --smoke: tiny GPT-2 and LLaMA-style models; greedy decoding through the KV cache under TinyJit (the
+  position a bound Variable) gives the tokens a full pass over the sequence does, and nothing compiles after step 2."""
+  out = subprocess.run([sys.executable, str(EXAMPLES / "llm.py"), "--smoke"], capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "smoke: OK" in out.stdout and out.stdout.count("cached == recomputed: True") == 2
+  assert out.stdout.count("programs compiled after step 2: 0") == 2
+
+
+def test_llm_loads_a_gpt2_safetensors_and_samples(tmp_path):
+  """A GPT-2 state dict in Hugging Face's names (`transformer.` prefix, Conv1D layouts) from a safetensors file,
+  temperature/top-k/top-p sampling, streamed text and the tokens/s line."""
+  import importlib.util
+
+  import numpy as np
+
+  from plugrad import Tensor
+  from plugrad.nn.state import safe_save
+  spec = importlib.util.spec_from_file_location("llm_example", EXAMPLES / "llm.py")
+  assert spec is not None and spec.loader is not None
+  llm = sys.modules["llm_example"] = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(llm)
+  c = llm.Config("gpt2", layers=1, dim=32, heads=2, vocab=260, max_ctx=32)
+  path = tmp_path / "gpt2.safetensors"
+  safe_save({"transformer." + k: Tensor(v) for k, v in llm.random_weights(c, 3).items()}, path)
+  args = ["--weights", str(path), "--layers", "1", "--dim", "32", "--heads", "2", "--vocab", "260", "--ctx", "32", "--max-new", "6",
+          "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--prompt", "hi"]
+  out = subprocess.run([sys.executable, str(EXAMPLES / "llm.py"), *args], capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "gpt2: 1 layers, d32" in out.stdout and "tokens/s" in out.stdout and "\nhi" in out.stdout
+  bad = subprocess.run([sys.executable, str(EXAMPLES / "llm.py"), *args[:2], "--layers", "2", "--dim", "32", "--heads", "2", "--vocab", "260",
+                        "--ctx", "32"], capture_output=True, text=True, timeout=600)
+  assert bad.returncode != 0 and "missing ['h.1." in bad.stderr
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((3, 50))
+  assert (llm.sample(logits, 0.0, 0, 1.0, rng) == logits.argmax(-1)).all()
+  assert (llm.sample(logits, 1.0, 1, 1.0, rng) == logits.argmax(-1)).all()     # top-k 1 is greedy
+  assert (llm.sample(logits, 1.0, 0, 1e-6, rng) == logits.argmax(-1)).all()    # so is a tiny top-p
+  assert set(llm.sample(np.zeros((200, 5)), 1.0, 2, 1.0, rng).tolist()) <= {0, 1, 2, 3, 4}

@@ -267,7 +267,7 @@ def _symbolic_box(i: Any, size: sint, dim: int, shape: tuple[sint, ...]) -> tupl
   if i.stop is not None and ehi > bounds(size)[1]:
     raise IndexError(f"slice {_show_slice(i)} (stop up to {ehi}) can run past dim {dim} of size {_show(size)} (shape {fmt(shape)})")
   count = stop - start
-  if not isinstance(count, int): count = count.simplify()
+  if not isinstance(count, int) and (count := count.simplify()).op is Ops.CONST: count = int(count.arg)  # x[p:p+1] is one row
   if bounds(count)[0] < 0: raise IndexError(f"slice {_show_slice(i)}: its stop can be below its start for some Variable values")
   return (start, count, 1)
 
