@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# The first run of plugrad-metal on a Mac (never run yet: no Mac in this project). From the repository root:
-#   bash plugins/metal/mac_check.sh            # logs in $OUT (default /tmp/plugrad-metal-check)
-# It installs the packages, smoke-tests the device, runs every conformance tier for METAL (the run tier included),
-# the JIT tests through the ICB graph runner, and the METAL unit tests, and keeps each log.
+# The first run of plugrad-metal on a Mac (never run yet: no Mac in this project). From the repository root, with
+# $OUT the folder to keep (the same discipline as bench/gpu/cuda_check.sh, docs/gpu-check.md):
+#   OUT=/tmp/plugrad-metal-check bash plugins/metal/mac_check.sh     # every step; STEPS="conformance" reruns that
+# Steps, each under `timeout -s INT`; the limits add up to 330 s:
+#   gpu          macOS and its GPU (system_profiler); off macOS every GPU step says "no GPU" and the script exits 0
+#   install      plugrad and plugrad-metal from this tree, offline (--no-build-isolation --no-deps, PIP_NO_INDEX=1;
+#                pyobjc-framework-Metal must be installed already, or set PIP_NO_INDEX=0 on a Mac with a network)
+#   devices      `python -m plugrad devices METAL`, and the Metal compiler xcrun finds
+#   smoke        a 256x256 matmul on METAL with DEBUG=2 (GPU time per kernel), checked against numpy
+#   conformance  the suite's run tier on METAL (the JIT's ICB graph runner included), 4 workers, a per-test deadline,
+#                --maxfail, the report as JSON
+# $OUT gets summary.txt, logs.tgz and conformance.json; the CPU-only tests (plugins/metal/tests) are CI's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/plugrad-metal-check}"
-mkdir -p "$OUT"
-if [ "$(uname -s)" != "Darwin" ]; then echo "mac_check.sh: not macOS ($(uname -s)); nothing to check here" >&2; exit 2; fi
-python3 -m pip install -q -e "./core[dev]" -e ./plugins/metal 2>&1 | tee "$OUT/install.log"
-status=0
-run() { name=$1; shift; echo "== $name: $*"; "$@" >"$OUT/$name.log" 2>&1; rc=$?; echo "   rc=$rc ($OUT/$name.log)"; [ $rc = 0 ] || status=1; }
-run devices python3 -m plugrad devices METAL
-run xcrun xcrun -sdk macosx -f metal
-for lang in 3.0 3.1; do
-  run "conformance-$lang" env METAL_LANGUAGE=$lang PLUGRAD_STRICT_PLUGINS=1 python3 -m pytest -q --pyargs plugrad.testing --plugrad-device=METAL -o addopts=
-done
-run jit env PLUGRAD_STRICT_PLUGINS=1 DEBUG=1 python3 -m pytest -q --pyargs plugrad.testing.test_jit --plugrad-device=METAL -o addopts=
-run unit python3 -m pytest -q plugins/metal/tests
-run timing env DEV=METAL DEBUG=2 python3 -c "from plugrad import Tensor; import numpy as np; print((Tensor(np.ones((256, 256), np.float32)) @ Tensor(np.ones((256, 256), np.float32))).numpy()[0, :4])"
-echo "mac_check.sh: $([ $status = 0 ] && echo all passed || echo some steps FAILED), logs in $OUT"
-exit $status
+ALL="gpu install devices smoke conformance"
+source bench/gpu/check_lib.sh
+if [ "$(uname -s)" != "Darwin" ]; then GPU_WHY="not macOS: $(uname -s)"
+elif ! command -v xcrun >/dev/null 2>&1; then GPU_WHY="no xcrun (install the Xcode command line tools)"; fi
+step gpu 15 1 bash -c 'sw_vers; system_profiler SPDisplaysDataType | grep -E "Chipset Model|Metal"'
+install_step plugins/metal plugrad plugrad_metal
+step devices 60 1 bash -c "$PY -m plugrad devices METAL && xcrun -sdk macosx -f metal"
+step smoke 60 1 env DEV=METAL DEBUG=2 "$PY" -c "import numpy as np; from plugrad import Tensor; a = np.random.default_rng(0).standard_normal((256, 256), dtype=np.float32); got = (Tensor(a) @ Tensor(a)).numpy(); np.testing.assert_allclose(got, a @ a, rtol=1e-4, atol=1e-4); print('matmul 256 on METAL matches numpy')"
+TAIL=25 step conformance 180 1 "$PY" -m pytest -q -p no:cacheprovider -p pytest_deadline --deadline 60 -n 4 --maxfail 20 -rfE -o addopts= \
+  --pyargs plugrad.testing --plugrad-device=METAL --plugrad-tiers=run --plugrad-results "$OUT/conformance.json"
+finish

@@ -1,6 +1,7 @@
-"""The CUDA check (bench/gpu/cuda_check.sh) is ready for a machine with no network and a 15-minute budget: its install
-step works offline in a fresh virtual environment holding only what the GPU image has that matters; without a GPU
-every GPU step says so and $OUT stays within its file limit; the smoke script reports PASS/FAIL with the driver's error
+"""The GPU checks (bench/gpu/cuda_check.sh, bench/gpu/amd_check.sh, plugins/metal/mac_check.sh, sharing
+bench/gpu/check_lib.sh) are ready for a machine with no network and a 15-minute budget: each install step works
+offline in a fresh virtual environment holding only what the GPU image has that matters; without the device every GPU
+step says so and $OUT stays within its file limit; the CUDA smoke script reports PASS/FAIL with the driver's error
 names (run against the libcuda stand-in of plugins/cuda/tests); its PTX kernels link for sm_90; the per-test deadline
 plugin fails a test that runs too long and lets the rest run."""
 from __future__ import annotations
@@ -18,8 +19,10 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench/gpu/cuda_check.sh"
-HAS_GPU = shutil.which("nvidia-smi") is not None
+SCRIPTS = {"cuda": ("bench/gpu/cuda_check.sh", "nvidia-smi not found", "gpu install smoke conformance bench", "plugrad_cuda"),
+           "amd": ("bench/gpu/amd_check.sh", "rocminfo not found", "gpu install devices assembly conformance", "plugrad_amd"),
+           "metal": ("plugins/metal/mac_check.sh", f"not macOS: {os.uname().sysname}", "gpu install devices smoke conformance", "plugrad_metal")}
+HAS_DEVICE = {"cuda": shutil.which("nvidia-smi") is not None, "amd": shutil.which("rocminfo") is not None, "metal": sys.platform == "darwin"}
 MAX_OUT_FILES = 6  # of the 8 the device tool brings back, two spare
 
 
@@ -29,23 +32,26 @@ def _module(folder: str, name: str) -> ModuleType:
   finally: sys.path.remove(str(ROOT / folder))
 
 
-def _check(out: Path, steps: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+def _check(out: Path, steps: str | None = None, script: str = "cuda", **env: str) -> subprocess.CompletedProcess[str]:
   e = {k: v for k, v in os.environ.items() if k != "STEPS"}
   e.update(OUT=str(out), **env)
   if steps is not None: e["STEPS"] = steps
-  return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=600, env=e, cwd=ROOT)
+  return subprocess.run(["bash", str(ROOT / SCRIPTS[script][0])], capture_output=True, text=True, timeout=600, env=e, cwd=ROOT)
 
 
-@pytest.mark.skipif(HAS_GPU, reason="this machine has nvidia-smi: the check runs for real (bash bench/gpu/cuda_check.sh)")
-def test_dry_run_without_a_gpu_says_so_per_step_and_keeps_out_small(tmp_path: Path):
-  res = _check(tmp_path / "out")
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_dry_run_without_the_device_says_so_per_step_and_keeps_out_small(tmp_path: Path, script: str):
+  if HAS_DEVICE[script]: pytest.skip(f"this machine has the device: run {SCRIPTS[script][0]} for real")
+  path, why, steps, _ = SCRIPTS[script]
+  assert subprocess.run(["bash", "-n", str(ROOT / path)], capture_output=True, timeout=60).returncode == 0
+  res = _check(tmp_path / "out", script=script)
   assert res.returncode == 0, res.stdout + res.stderr
-  for name in ("gpu", "install", "smoke", "conformance", "bench"):
-    assert f"== {name}: no GPU (nvidia-smi not found)" in res.stdout, res.stdout
+  for name in steps.split():
+    assert f"== {name}: no GPU ({why}), not run" in res.stdout, res.stdout
   files = sorted(p.name for p in (tmp_path / "out").iterdir())
   assert files == ["logs.tgz", "summary.txt"] and len(files) <= MAX_OUT_FILES
-  assert (tmp_path / "out/summary.txt").read_text().count("no GPU") == 5
-  bad = _check(tmp_path / "out2", steps="smoke nonsense")
+  assert (tmp_path / "out/summary.txt").read_text().count("no GPU") == len(steps.split())
+  bad = _check(tmp_path / "out2", steps="gpu nonsense", script=script)
   assert bad.returncode == 2 and "unknown step 'nonsense'" in bad.stderr
 
 
@@ -61,20 +67,25 @@ def _image_like_venv(path: Path) -> Path:
   return py
 
 
-@pytest.mark.slow
-def test_install_step_works_offline_in_a_fresh_venv(tmp_path: Path):
-  py = _image_like_venv(tmp_path / "venv")
-  env = {"PIP_NO_INDEX": "1", "PYTHON": str(py)}
+@pytest.fixture(scope="module")
+def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+  py = _image_like_venv(tmp_path_factory.mktemp("venv") / "venv")
   # the old way (an isolated build) needs an index for setuptools: proof that this venv is offline like the GPU machine
   iso = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "-e", "core"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env={**os.environ, **env})
+                       env={**os.environ, "PIP_NO_INDEX": "1"})
   assert iso.returncode != 0 and "setuptools" in iso.stdout + iso.stderr, iso.stdout + iso.stderr
-  res = _check(tmp_path / "out", steps="install", **env)
+  return py
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_install_step_works_offline_in_a_fresh_venv(image_venv: Path, tmp_path: Path, script: str):
+  res = _check(tmp_path / "out", steps="install", script=script, PIP_NO_INDEX="1", PYTHON=str(image_venv))
   assert res.returncode == 0, res.stdout + res.stderr
-  assert "installed:" in res.stdout and "-> exit 0" in res.stdout, res.stdout
-  imp = subprocess.run([str(py), "-c", "import plugrad_cuda.driver, plugrad; print(plugrad_cuda.driver.LIBCUDA)"], capture_output=True, text=True,
-                       timeout=120)
-  assert imp.returncode == 0 and "libcuda.so.1" in imp.stdout, imp.stderr
+  module = SCRIPTS[script][3]
+  assert f"installed: plugrad,{module}" in res.stdout and "-> exit 0" in res.stdout, res.stdout
+  imp = subprocess.run([str(image_venv), "-c", f"import plugrad, {module}; print({module}.__file__)"], capture_output=True, text=True, timeout=120)
+  assert imp.returncode == 0 and str(ROOT) in imp.stdout, imp.stderr
   assert len(list((tmp_path / "out").iterdir())) <= MAX_OUT_FILES
 
 
