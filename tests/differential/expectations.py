@@ -374,13 +374,6 @@ KNOWN_BUGS: list[KnownBug] = [
            Case("layernorm", "float16", [T([[0.0, 0.0, 0.0, 0.0]], "float16")], {"axis": -1, "eps": 1e-5}),
            when=lambda c: c.dtype == "float16" and _min_row_var(c) + c.kw["eps"] < 4e-4),
   # ---- values
-  KnownBug("cos_large_arguments", "cos", "value", "cos(x) = sin(π/2 - x) rounds π/2 - x first: the absolute error is about ulp(x)/2, "
-           "above the tolerance from |x| ≈ 8 (float32 cos(1000.5) = 0.0971113, PyTorch 0.0971069; cos(2**31) = 0.971, PyTorch 0.238); "
-           "also for int inputs (cast to float32). PyTorch reduces the argument exactly",
-           Case("cos", "float32", [T([1000.5, 2.0 ** 31, 0.5], "float32")]), when=lambda c: _big(c, _TRIG[c.dtype])),
-  KnownBug("tan_large_arguments", "tan", "value,grad", "tan = sin/cos inherits cos's error for large |x|: float32 tan(1000.5) = 10.2488, "
-           "PyTorch 10.2493; tan(1e30) = -1.0, PyTorch 1.29; float16 tan(-1.286) = -3.402, PyTorch -3.418",
-           Case("tan", "float32", [T([1000.5, 1e30], "float32")]), when=lambda c: _big(c, 1.5 if _TRIG[c.dtype] > 1 else 0.5)),
   KnownBug("erf_half_small_arguments", "erf", "value", "erf in float16/bfloat16 is computed as 1 - P(t)·exp(-x²) in half precision, which "
            "cancels near 0: float16 erf(0.01) = 0.00879 and bfloat16 erf(0.01) = 0.0 (PyTorch 0.01128)",
            Case("erf", "float16", [T([0.01, 0.5, 2.0], "float16")]),

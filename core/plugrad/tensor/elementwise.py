@@ -329,8 +329,127 @@ def logaddexp(self: Tensor, other: Tensor | Scalar) -> Tensor:
 # ---- trigonometric and hyperbolic
 
 def sin(self: Tensor) -> Tensor: return _alu(Ops.SIN, _floats(self))
-def cos(self: Tensor) -> Tensor: return (math.pi / 2 - _floats(self)).sin()
-def tan(self: Tensor) -> Tensor: return self.sin() / self.cos()
+
+
+def _binary_digits(k: int, denominator: int) -> int:
+  """floor(2^k · c / denominator) for c = 4/π (denominator 2: 2/π) or π (denominator 0), from Machin's formula in integers."""
+  guard = 64
+  prec = k + guard
+  def atan_inv(m: int) -> int:  # atan(1/m) · 2^prec
+    total = power = (1 << prec) // m
+    j = 1
+    while power:
+      power //= m * m
+      total += (-1) ** j * (power // (2 * j + 1))
+      j += 1
+    return total
+  pi = 16 * atan_inv(5) - 4 * atan_inv(239)  # π · 2^prec
+  return (pi >> guard) if denominator == 0 else ((4 << (2 * prec)) // pi // denominator) >> guard
+
+
+def _chunks(k: int, bits: int, denominator: int) -> tuple[float, ...]:
+  """The constant (2/π, or π/2 for denominator -1) as k floats of `bits` significant bits each, in decreasing order:
+  n · chunk is exact for |n| < 2^(53 - bits) in float64 (or 2^(24 - bits) in float32)."""
+  # the first k·bits bits: π/2 = 1.57... from 2^0 on (π·2^(kb-2)), 2/π = 0.63... from 2^-1 on
+  top = 1 if denominator == -1 else 0
+  whole = _binary_digits(k * bits - 2, 0) if top else _binary_digits(k * bits, denominator)
+  mask = (1 << bits) - 1
+  return tuple(math.ldexp((whole >> (bits * (k - 1 - i))) & mask, top - bits * (i + 1)) for i in range(k))
+
+
+# 2/π in 8 pieces of 28 bits (224 bits): a float32 times one piece is exact in float64, and 224 bits reach 2^-90 past the
+# last bit of the largest float32's product with 2/π; π/2 in 4 pieces of 33 bits for float64's reduction (n < 2^20)
+_TWO_OVER_PI_28 = _chunks(8, 28, 2)
+_PIO2_33 = _chunks(4, 33, -1)
+_F64_REDUCED = 2.0 ** 20  # |x| (float64) that _PIO2_33 reduces exactly
+
+
+def _round_nearest(x: Tensor) -> Tensor: return (x + 0.5).floor()
+def _mod4(n: Tensor) -> Tensor: return n - (n * 0.25).floor() * 4
+
+
+def _reduce_payne_hanek(x: Tensor) -> tuple[Tensor, Tensor]:
+  """x (float32 or narrower, as float64) as k·π/2 + θ: (k mod 4, θ in [-π/4, π/4]) in float64, exactly for every finite x.
+  Each piece of 2/π times x is exact; only its part below 4 matters (k mod 4), and the sum keeps its fraction in
+  [-1/2, 1/2] with the whole quarters apart, so no bit of the reduced argument is lost to rounding."""
+  frac, quarters = x * 0.0, x * 0.0
+  for c in _TWO_OVER_PI_28:
+    frac = frac + _mod4(x * c)
+    whole = _round_nearest(frac)
+    frac, quarters = frac - whole, quarters + whole
+  return _mod4(quarters), frac * (math.pi / 2)
+
+
+def _reduce_cody_waite(x: Tensor, parts: tuple[float, ...], split: int) -> tuple[Tensor, Tensor]:
+  """x as k·π/2 + θ: (k mod 4, θ) with π/2 in `parts` of few bits, so that each n·part is exact; n is split in two
+  halves of `split` bits when `split` (float32: n < 2^22 with 11-bit halves)."""
+  n = _round_nearest(x * (2 / math.pi))
+  hi = _round_nearest(n * 2.0 ** -split) * 2.0 ** split if split else n * 0.0
+  r = x
+  for c in parts: r = (r - hi * c) - (n - hi) * c
+  return _mod4(n), r
+
+
+def _has_float64(device: Any) -> bool:
+  from plugrad.tensor.creation import dtype_problem
+  return all(dtype_problem(d, dtypes.float64) is None for d in ((device,) if isinstance(device, str) else device))
+
+
+def _reduced(x: Tensor) -> tuple[Tensor, Tensor, Tensor | None, DType]:
+  """x = k·π/2 + θ: (k mod 4, θ in [-π/4, π/4], where |x| is past the exact range (None: nowhere), the dtype to take
+  sin in). The reduction is exact: for float32 (and narrower) by Payne-Hanek in float64 where the device has it, else
+  Cody-Waite in float32 to |x| < 2^22; float64 by Cody-Waite to |x| < 2^20."""
+  from plugrad.codegen.decompose import PIO2_PARTS, SIN_RANGE
+  wide = dtypes.float32 if x.dtype.itemsize < 4 else x.dtype  # 16-bit floats: sin in float32, one rounding at the end
+  if x.dtype is not dtypes.float64 and _has_float64(x.device): return *_reduce_payne_hanek(x.cast(dtypes.float64)), None, wide
+  limit, parts, split = (_F64_REDUCED, _PIO2_33, 0) if x.dtype is dtypes.float64 else (SIN_RANGE, PIO2_PARTS, 11)
+  big = x.abs() >= limit
+  return *_reduce_cody_waite(big.where(0.0, x).cast(wide), parts, split), big, wide
+
+
+def _with_derivative(value: Tensor, x: Tensor, derivative: Tensor) -> Tensor:
+  """`value` whose gradient with respect to x is `derivative` (x - x is 0 wherever x is finite, and value is nan where not)."""
+  return value.detach() + (x - x.detach()) * derivative.detach()
+
+
+def _cos_big(x: Tensor, big: Tensor, wide: DType) -> Tensor:
+  """cos past the exact reduction: 1 - 2·sin²(x/2), within an ulp of 1 (the device's sin reduces x/2); its derivative
+  -sin(x) given directly (sin's own derivative rounds π/2 - x there)."""
+  xb = big.where(x, 0.0).cast(wide)
+  return _with_derivative(1 - 2 * (xb * 0.5).sin().square(), xb, -xb.sin())
+
+
+def _is(k: Tensor, *values: int) -> Tensor:
+  """k (a float 0, 1, 2 or 3) is one of `values`."""
+  ret = (k - values[0]).abs() < 0.5
+  for v in values[1:]: ret = ret | ((k - v).abs() < 0.5)
+  return ret
+
+
+def cos(self: Tensor) -> Tensor:
+  """cos(θ + k·π/2) from the reduced θ (`_reduced`): ±sin(θ) or ±sin(π/2 - θ), the latter in [π/4, 3π/4] where rounding
+  π/2 - θ costs an ulp of cos; past the exact range 1 - 2·sin²(x/2)."""
+  x = _floats(self)
+  k, theta, big, wide = _reduced(x)
+  v = _is(k, 0, 2).where(math.pi / 2 - theta, theta).cast(wide).sin()
+  ret = _is(k, 1, 2).where(-v, v)
+  if big is not None: ret = big.where(_cos_big(x, big, wide), ret)
+  return ret.cast(x.dtype)
+
+
+def tan(self: Tensor) -> Tensor:
+  """tan(θ + k·π/2) = sin(θ)/cos(θ), or -cos(θ)/sin(θ) for odd k, from the reduced θ (the gradient too: sin's own
+  derivative at a large x would round π/2 - x)."""
+  x = _floats(self)
+  k, theta, big, wide = _reduced(x)
+  s, c = theta.cast(wide).sin(), (math.pi / 2 - theta).cast(wide).sin()
+  odd = _is(k, 1, 3)
+  ret = odd.where(-c, s) / odd.where(s, c)  # one quotient: the other one's pole would make the gradient nan
+  if big is not None:
+    xb = big.where(x, 0.0).cast(wide)
+    t = xb.sin().detach() / _cos_big(x, big, wide).detach()
+    ret = big.where(_with_derivative(t, xb, 1 + t * t), ret)
+  return ret.cast(x.dtype)
 
 
 def _odd(x: Tensor, f: Any) -> Tensor:
