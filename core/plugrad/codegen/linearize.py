@@ -96,11 +96,11 @@ def linearize(sink: UOp) -> list[UOp]:
 
   out: list[UOp] = []
   # the blocks being emitted, innermost last (a loop's body goes out where its END is reached, then the END): per block
-  # its members not started yet, the walk of the current one (a node after what it waits for), the nodes done and the
-  # END closing it. A loop, not a recursive closure: that would be a reference cycle holding every table above
-  frames: list[tuple[int, Iterator[UOp], list[tuple[UOp, bool]], set[UOp], UOp | None]] = [(0, iter(members[0]), [], set(), None)]
+  # its members not started yet, the walk of the current one (a node after what it waits for), the nodes done, those
+  # waiting for their dependencies, and the END closing it. A loop, not a recursive closure: that would be a reference cycle holding every table above
+  frames: list[tuple[int, Iterator[UOp], list[tuple[UOp, bool]], set[UOp], set[UOp], UOp | None]] = [(0, iter(members[0]), [], set(), set(), None)]
   while frames:
-    bi, todo, stack, done, end = frames[-1]
+    bi, todo, stack, done, waiting, end = frames[-1]
     if not stack:
       if (m := next(todo, None)) is None:
         frames.pop()
@@ -110,13 +110,18 @@ def linearize(sink: UOp) -> list[UOp]:
     x, ready = stack.pop()
     if x in done: continue
     if not ready:
+      # waiting for a node that is waiting for it: no order exists (e.g. a block taken for the inside of a sibling
+      # loop over the same range); without this the walk would grow its stack forever
+      if x in waiting: raise LinearizeError(f"{x.op.name} waits for itself through its block's dependencies")
+      waiting.add(x)
       stack.append((x, True))
       stack.extend((d, False) for d in reversed(deps(x, bi)) if d not in done)
       continue
     done.add(x)
+    waiting.discard(x)
     if x.op is Ops.END:
       out.append(x.src[1])
-      frames.append((block_of_end[x], iter(members[block_of_end[x]]), [], set(), x))
+      frames.append((block_of_end[x], iter(members[block_of_end[x]]), [], set(), set(), x))
     else: out.append(x)
   return _finalize(out)
 

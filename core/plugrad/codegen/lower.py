@@ -136,7 +136,10 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
   the innermost loop among those the value depends on (a reduction that does not vary along an enclosing loop is
   hoisted out of it).
 
-  Reductions over the same ranges (the copies the expander made of one reduction) share one loop. A value that is an
+  Reductions over the same ranges (the copies the expander made of one reduction) share one loop, and so every member
+  starts its accumulator inside all the loops any member depends on: a copy that lost an enclosing loop (a padded
+  copy reading only the pad's fill, a constant) would otherwise start outside it and add up across its iterations,
+  while the shared loop runs inside it. A value that is an
   UNROLL of n values (an unrolled reduce axis) folds them in order into the accumulator; with `mulacc`, a float ADD of
   a product becomes MULACC (a fused multiply-add, one rounding). Every END over several ranges comes out as nested
   single-range ENDs (split_ends) when the kernel has a reduction."""
@@ -145,13 +148,14 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
   if not reduces: return ast
   ids = itertools.count()
   sub: dict[UOp, UOp] = {}
-  groups: dict[tuple[UOp, ...], list[tuple[UOp, UOp]]] = {}  # own ranges -> (reduce, its update)
+  groups: dict[tuple[UOp, ...], list[tuple[UOp, tuple[UOp, ...], set[UOp], int]]] = {}  # own -> (reduce, values, context, acc)
   pending: dict[UOp, tuple[UOp, ...]] = {}  # reduce -> its group, until the group's loop is built
   def flush(own: tuple[UOp, ...]) -> None:
     members = groups.pop(own)
-    updates = [upd for _, upd in members]
+    context = tuple(sorted(set().union(*(m[2] for m in members)), key=lambda r: r.arg[0]))
+    updates = [_accumulate(red, vals, own, context, n, mulacc) for red, vals, _, n in members]
     loop = split_end(updates[0] if len(updates) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(updates)), own)
-    for red, upd in members:
+    for (red, *_), upd in zip(members, updates):
       sub[red] = UOp(Ops.LOAD, red.dtype, (upd.src[0], loop))
       del pending[red]
   # `sub` applied, memoized over the whole pass: a reduction is in `sub` before any value holding it is rebuilt, and its
@@ -186,19 +190,24 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
     closed = {r for e in vtopo if e.op is Ops.END for r in e.src[1:]}  # loops of inner reductions, already lowered
     # the accumulator is placed by the loops its value depends on, not by the loops around its use: a row statistic
     # fused into the kernel that broadcasts it (softmax's max and sum) runs once per row, not once per output element
-    context = tuple(sorted({r for r in vtopo if r.op is Ops.RANGE and r not in own and r not in closed}, key=lambda r: r.arg[0]))
-    acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1, AddrSpace.REG), (), next(ids))
-    idx = UOp(Ops.INDEX, acc.dtype, (acc, UOp.const(dtypes.index, 0)))
-    init = UOp(Ops.STORE, dtypes.void, (idx, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *context))
-    cur = UOp(Ops.LOAD, red.dtype, (idx, init, *own))
-    for v in vals:
-      if mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype): cur = UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur))
-      else: cur = UOp(red.arg, red.dtype, (cur, v))
-    update = UOp(Ops.STORE, dtypes.void, (idx, cur))
-    groups.setdefault(own, []).append((red, update))
+    context = {r for r in vtopo if r.op is Ops.RANGE and r not in own and r not in closed}
+    groups.setdefault(own, []).append((red, vals, context, next(ids)))
     pending[red] = own
   for own in list(groups): flush(own)
   return substitute(ast)
+
+
+def _accumulate(red: UOp, vals: tuple[UOp, ...], own: tuple[UOp, ...], context: tuple[UOp, ...], n: int, mulacc: bool) -> UOp:
+  """The update `acc = acc op v...` of reduction `red` into accumulator number `n`, whose start (`acc = identity`) is
+  pinned inside the loops `context` and whose update inside `own`."""
+  acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1, AddrSpace.REG), (), n)
+  idx = UOp(Ops.INDEX, acc.dtype, (acc, UOp.const(dtypes.index, 0)))
+  init = UOp(Ops.STORE, dtypes.void, (idx, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *context))
+  cur = UOp(Ops.LOAD, red.dtype, (idx, init, *own))
+  for v in vals:
+    if mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype): cur = UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur))
+    else: cur = UOp(red.arg, red.dtype, (cur, v))
+  return UOp(Ops.STORE, dtypes.void, (idx, cur))
 
 
 def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
