@@ -2,7 +2,7 @@
 
 `header_problems` compiles plugrad_cuda's ctypes declarations against the real cuda.h: each function's prototype compared with
 the header's declaration at compile time (`__builtin_types_compatible_p`: a parameter count or C type that differs
-fails a static assertion), the symbol the header maps the name to (`cuEventElapsedTime` is `cuEventElapsedTime_v2` since CUDA 12.8's
+fails a static assertion), the symbol the header maps the name to (`cuEventElapsedTime` is `cuEventElapsedTime_v2` in CUDA 13's
 header), and per parameter the C type's class (integer, enum, pointer, float), size, signedness and pointee size,
 compared with the ctypes type's; the constants' values; the structs' size and field offsets (`offsetof`). It returns
 one line per mismatch, so a planted wrong signature shows up by name.
@@ -34,6 +34,12 @@ def find_cuda_h() -> Path | None:
   roots += [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
   roots.append(Path("/usr/local/cuda/include"))
   return next((r for r in roots if (r / "cuda.h").is_file()), None)
+
+
+def cuda_version(include: Path) -> int:
+  """The header's CUDA_VERSION (13050 for 13.5)."""
+  m = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", (include / "cuda.h").read_text(errors="replace"))
+  return int(m.group(1)) if m else 0
 
 
 def compiler() -> str | None: return shutil.which("gcc") or shutil.which("cc")

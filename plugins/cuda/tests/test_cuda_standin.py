@@ -93,8 +93,9 @@ def test_planted_wrong_declarations_are_caught(tmp_path: Path):
   legacy["cuEventElapsedTime"] = legacy.pop("cuEventElapsedTime_v2")
   legacy["cuMemAlloc"] = legacy.pop("cuMemAlloc_v2")
   got = problems(legacy)
-  assert "cuEventElapsedTime: cuda.h maps this name to cuEventElapsedTime_v2" in got and "cuMemAlloc: cuda.h maps this name to cuMemAlloc_v2" in got
-  assert got.count("\n") == 1, got
+  assert "cuMemAlloc: cuda.h maps this name to cuMemAlloc_v2" in got, got
+  if standin.cuda_version(INCLUDE) >= 13000:  # CUDA 12.9's header declares the _v2 but leaves the old name as it was
+    assert "cuEventElapsedTime: cuda.h maps this name to cuEventElapsedTime_v2" in got and got.count("\n") == 1, got
   # a wrong enum value, and structs laid out wrong: a 64-bit sharedMemBytes, a field left out (every later one moves)
   assert "CU_STREAM_NON_BLOCKING is 1 in cuda.h, 2 in plugrad_cuda" in problems(consts={"CU_STREAM_NON_BLOCKING": 2})
   class Wide(ctypes.Structure):
