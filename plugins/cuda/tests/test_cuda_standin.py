@@ -7,6 +7,7 @@ stand-in cannot show (real kernels, real timing, the hardware) is bench/gpu/cuda
 from __future__ import annotations
 
 import ctypes
+import json
 import shutil
 import subprocess
 import sys
@@ -143,9 +144,9 @@ def test_allocator_round_trips_above_and_below_the_staging_size(lib, nbytes: int
   h = a._alloc(nbytes, None)
   data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
   lib.standin_log_clear()
-  a._copyin(h, memoryview(data))
+  a._copyin(h, data.data)
   back = np.zeros_like(data)
-  a._copyout(memoryview(back), h)
+  a._copyout(back.data, h)
   assert np.array_equal(back, data)
   chunks = -(-nbytes // CUDAAllocator.STAGING)
   log = _log(lib)
@@ -164,14 +165,14 @@ def _buffers(a, *arrays: np.ndarray):
   hs = []
   for x in arrays:
     h = a._alloc(x.nbytes, None)
-    a._copyin(h, memoryview(x))
+    a._copyin(h, x.data)
     hs.append(h)
   return hs
 
 
 def _read(a, h, n: int) -> np.ndarray:
   out = np.zeros(n, np.float32)
-  a._copyout(memoryview(out), h)
+  a._copyout(out.data, h)
   return out
 
 
@@ -223,32 +224,38 @@ def test_ptx_program_with_more_than_48k_dynamic_shared_memory_is_opted_in(lib):
 
 
 GRAPH_SCRIPT = """
-import sys
+import ctypes, json, sys
 import numpy as np
 from plugrad_cuda import driver
 driver.LIBCUDA = sys.argv[1]
-from plugrad import Tensor, TinyJit, Device
+from plugrad import Device, Tensor, TinyJit, Variable
 from plugrad.backend import new_program, run_program
 from plugrad.dtype import dtypes
-F32 = dtypes.float32
-add = new_program("standin_add", "CUDA", source=sys.argv[2], binary=sys.argv[3].encode(), buffers=[(F32, "out"), (F32, "in"), (F32, "in")],
-                  global_size=(4,), local_size=(256,))
+F32, n = dtypes.float32, Variable("n", 0, 1024)
+sig = [(F32, "out"), (F32, "in"), (F32, "in")]
+add = new_program("standin_add", "CUDA", source=sys.argv[2], binary=sys.argv[3].encode(), buffers=sig, global_size=(4,), local_size=(256,))
+# out[i] = a[i] + b[i] for i < n: its grid is ceil(n / 256) blocks, none for n = 0 (the graph drops that node)
+add_n = new_program("standin_add_n", "CUDA", binary=sys.argv[3].encode(), buffers=sig, global_size=((n + 255) // 256,), local_size=(256,), vars=[n])
 
 @TinyJit
-def step(x, y):
+def step(x, y, k):
   mid = Tensor.empty(1024, device="CUDA")
   run_program(add, mid, x, y)
   out = Tensor.empty(1024, device="CUDA")
-  run_program(add, out, mid, x)
+  run_program(add_n, out, mid, x, n=k)
   return out
 
 rng = np.random.default_rng(0)
-for i in range(5):
+for k in (1024, 1024, 1024, 1024, 300, 0, 700):
   xs, ys = rng.random(1024, dtype=np.float32), rng.random(1024, dtype=np.float32)
-  got = step(Tensor(xs, device="CUDA"), Tensor(ys, device="CUDA")).numpy()  # new input buffers every call
-  np.testing.assert_allclose(got, 2 * xs + ys, rtol=1e-6)
-graphs = [s for s in step.captured.steps if hasattr(s, "rebuilds")]
-print("graphs", len(graphs), "nodes", sum(len(g.nodes) for g in graphs), "rebuilds", sum(g.rebuilds for g in graphs))
+  got = step(Tensor(xs, device="CUDA"), Tensor(ys, device="CUDA"), n.bind(k)).numpy()  # new input buffers every call
+  np.testing.assert_allclose(got[:k], (2 * xs + ys)[:k], rtol=1e-6)
+  graphs = [s for s in step.captured.steps if hasattr(s, "rebuilds")] if step.captured is not None else []
+  print("n", k, "graphs", [(len(g.nodes), g.rebuilds) for g in graphs])
+lib = ctypes.CDLL(sys.argv[1])
+lib.standin_log.restype = ctypes.c_char_p
+calls = [ln.split()[0] for ln in lib.standin_log().decode().splitlines()]
+print("calls", json.dumps({c: calls.count(c) for c in ("cuGraphCreate", "cuGraphLaunch", "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy")}))
 print("device", Device["CUDA"].runtime.describe())
 """
 
@@ -257,5 +264,12 @@ def test_tinyjit_replays_as_a_cuda_graph_through_the_standin(lib, tmp_path: Path
   res = subprocess.run([sys.executable, "-c", GRAPH_SCRIPT, driver.LIBCUDA, ADD_SRC, FAKE_CUBIN.decode()], capture_output=True, text=True,
                        timeout=300)
   assert res.returncode == 0, res.stdout + res.stderr
-  assert "graphs 1 nodes 2 rebuilds 1" in res.stdout, res.stdout
+  lines = res.stdout.splitlines()
+  # captured on the second call, one graph of both kernels; n = 300 patches the second node, n = 0 drops it (a new
+  # topology: built again), n = 700 brings it back (again)
+  assert lines[2:7] == ["n 1024 graphs [(2, 1)]", "n 1024 graphs [(2, 1)]", "n 300 graphs [(2, 1)]", "n 0 graphs [(1, 2)]",
+                        "n 700 graphs [(2, 3)]"], res.stdout
+  calls = json.loads(lines[7].removeprefix("calls "))
+  assert calls["cuGraphCreate"] == 3 and calls["cuGraphLaunch"] == 5 and calls["cuGraphExecDestroy"] == 2, calls
+  assert calls["cuGraphExecKernelNodeSetParams_v2"] >= 4, calls  # new buffers every replay, and n = 300
   assert "device plugrad CUDA stand-in (no GPU) (sm_90)" in res.stdout, res.stdout
