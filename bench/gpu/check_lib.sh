@@ -13,7 +13,10 @@ PY="${PYTHON:-python3}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
 mkdir -p "$WORK/logs"
 trap 'rm -rf "$WORK"' EXIT
-export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX="${PIP_NO_INDEX:-1}" PLUGRAD_STRICT_PLUGINS=1 PYTHONUNBUFFERED=1
+# PIP_BREAK_SYSTEM_PACKAGES: a distribution's python3 marked externally managed (PEP 668) would refuse the install
+# (an older pip ignores the variable)
+export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX="${PIP_NO_INDEX:-1}" PIP_BREAK_SYSTEM_PACKAGES=1
+export PLUGRAD_STRICT_PLUGINS=1 PYTHONUNBUFFERED=1
 export PLUGRAD_CACHE_DIR="$WORK/cache" PYTHONPATH="$ROOT/bench/gpu${PYTHONPATH:+:$PYTHONPATH}"
 NAMED="${STEPS:-}"  # the steps the caller asked for by name
 STEPS="${STEPS:-$ALL}"
