@@ -106,9 +106,7 @@ def _scatter_grad(ret: UOp, g: UOp) -> Grads:
   base, idx, src = ret.src
   axis, how = ret.arg
   if how == "add": return (g, None, _gather(g, idx, axis))
-  if how == "mul":  # r = base * prod(src at the row): each factor's derivative is r / factor (not exact where a factor is 0)
-    gr = g.alu(Ops.MUL, ret)
-    return (gr.alu(Ops.FDIV, base), None, _gather(gr, idx, axis).alu(Ops.FDIV, src))
+  if how == "mul": return _scatter_mul_grad(ret, g)
   if how in ("max", "min"):  # the gradient goes to the values equal to the result, shared equally among ties
     zero = _const(g, 0.0)
     src_hit, base_hit = src.alu(Ops.CMPEQ, _gather(ret, idx, axis)).cast(g.dtype), base.alu(Ops.CMPEQ, ret).cast(g.dtype)
@@ -128,6 +126,31 @@ def _scatter_grad(ret: UOp, g: UOp) -> Grads:
           _where(_gather(last, idx, axis).alu(Ops.CMPEQ, rank), gs, _const(gs, 0.0)))
 
 
+def _scatter_mul_grad(ret: UOp, g: UOp) -> Grads:
+  """r = base · (the product of the src values written to the position): a factor's derivative is r / factor, and
+  for a factor that is 0 the product of the others, which is not 0 only where it is the position's one zero factor."""
+  base, idx, src = ret.src
+  axis = ret.arg[0]
+  one, zero = _const(base, 1.0), _const(base, 0.0)
+  zb, zs = base.alu(Ops.CMPEQ, zero), src.alu(Ops.CMPEQ, _const(src, 0.0))
+  base1, src1 = _where(zb, one, base), _where(zs, _const(src, 1.0), src)
+  zeros = zb.cast(base.dtype).alu(Ops.ADD, _scatter_add(zero, idx, zs.cast(src.dtype), axis))
+  rest = _where(zeros.alu(Ops.CMPEQ, one), UOp(Ops.SCATTER, ret.dtype, (base1, idx, src1), ret.arg), zero)
+  gr, grest = g.alu(Ops.MUL, ret), g.alu(Ops.MUL, rest)
+  return (_where(zb, grest, gr.alu(Ops.FDIV, base1)), None,
+          _where(zs, _gather(grest, idx, axis), _gather(gr, idx, axis).alu(Ops.FDIV, src1)))
+
+
+def _sin_grad(ret: UOp, g: UOp) -> Grads:
+  # cos(x) as 1 - 2·sin²(x/2): halving is exact and the device reduces x/2 exactly, where sin(π/2 - x) would round
+  # π/2 - x first (off by ulp(x)/2: float32 sin'(1e30) came out 0.791 for -0.612); 16-bit floats in float32, rounded once
+  (x,) = ret.src
+  w = x.cast(dtypes.float32) if x.dtype.itemsize < 4 else x
+  s = w.alu(Ops.MUL, _const(w, 0.5)).alu(Ops.SIN)
+  cos = _const(s, 1.0).alu(Ops.SUB, s.alu(Ops.MUL, s).alu(Ops.MUL, _const(s, 2.0)))
+  return (g.alu(Ops.MUL, cos if w is x else cos.cast(x.dtype)),)
+
+
 def _shape(u: UOp) -> tuple:
   assert u.shape is not None
   return u.shape
@@ -137,14 +160,15 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
   Ops.ADD: lambda r, g: (g, g),
   Ops.SUB: lambda r, g: (g, _neg(g)),
   Ops.MUL: lambda r, g: (g.alu(Ops.MUL, r.src[1]), g.alu(Ops.MUL, r.src[0])),
-  Ops.FDIV: lambda r, g: (gb := g.alu(Ops.FDIV, r.src[1]), _neg(gb.alu(Ops.MUL, r))),
+  # d/db = -(a/b)/b, not -(1/b)·(a/b): 1/b overflows for a tiny b (float16 |b| < 1.5e-5) and meets a/b = 0 as inf·0
+  Ops.FDIV: lambda r, g: (g.alu(Ops.FDIV, r.src[1]), _neg(g.alu(Ops.MUL, r.alu(Ops.FDIV, r.src[1])))),
   Ops.NEG: lambda r, g: (_neg(g),),
   Ops.RECIPROCAL: lambda r, g: (_neg(g.alu(Ops.MUL, r.alu(Ops.MUL, r))),),
   Ops.SQRT: lambda r, g: (g.alu(Ops.FDIV, r.alu(Ops.MUL, _const(r, 2.0))),),
   Ops.EXP2: lambda r, g: (g.alu(Ops.MUL, r.alu(Ops.MUL, _const(r, math.log(2)))),),
   Ops.LOG2: lambda r, g: (g.alu(Ops.FDIV, r.src[0].alu(Ops.MUL, _const(r, math.log(2)))),),
-  Ops.SIN: lambda r, g: (g.alu(Ops.MUL, _const(r, math.pi / 2).alu(Ops.SUB, r.src[0]).alu(Ops.SIN)),),
-  Ops.TRUNC: lambda r, g: (_const(g, 0.0),),
+  Ops.SIN: _sin_grad,
+  Ops.TRUNC: lambda r, g: (None,),  # derivative 0: nothing flows on (0 times an infinite 1/b below would be nan)
   Ops.MAX: _max_grad,
   Ops.POW: _pow_grad,
   Ops.WHERE: lambda r, g: (None, _where(r.src[0], g, _const(g, 0.0)), _where(r.src[0], _const(g, 0.0), g)),

@@ -58,17 +58,6 @@ def _any(c: Case, pred: Any, i: int | None = None) -> bool:
 
 _TRIG = {"float64": 8.0, "float32": 8.0, "float16": 0.5, "bfloat16": 0.5}  # cos(x) = sin(π/2 - x) is off past these |x| (ints: float32)
 _TRIG.update(dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "bool"), 8.0))
-_TINY = {"float64": 1e-154, "float32": 1e-19, "float16": 4e-3, "bfloat16": 1e-19}  # 1/b² overflows below these
-
-
-def _quotient_derivative_overflows(c: Case) -> bool:
-  """d(a/b) = 1/b and -a/b² are not finite somewhere: b = 0 or tiny, |a|/b² past the dtype's largest, or a infinite."""
-  (a,), (b,) = _floats(c, 0), _floats(c, 1)
-  a, b = np.broadcast_arrays(a, b)
-  with np.errstate(all="ignore"):
-    return bool(np.any(~np.isfinite(a) | (np.abs(b) < _TINY[c.dtype]) | (np.abs(a) / (b * b) > _fmax(c)) | (np.abs(b) > 1 / _TINY[c.dtype])))
-
-
 def _remainder_inexact(c: Case) -> bool:
   """a/b (exactly, in float64) has more integer digits than the dtype's mantissa holds, or lies within two ulps of an integer
   (rounding it can cross the integer), or overflows the dtype; or _tiny_quotient."""
@@ -334,13 +323,6 @@ KNOWN_BUGS: list[KnownBug] = [
              Case(op, "float32", [T([-1.0, 1.0, 0.5], "float32")]), when=lambda c: _any(c, lambda v: np.abs(v) == 1))
     for op, how in (("asin", "asin is atan(x/sqrt((1-x)(1+x))): 0·inf in its backward"), ("acos", "acos is π/2 - asin"),
                     ("atanh", "½·log((1+x)/(1-x)): 0·inf at the pole"))],
-  *[KnownBug(f"{op.replace('.', '_')}_grad_zero_divisor", op, "grad", f"{op}: the gradient is nan where the derivative of a/b is "
-             f"not finite: a zero divisor, one so small that 1/b² overflows (a float32 denormal, float16 |b| < 0.004) or so large that b² "
-             f"does, or an infinite a (the backward multiplies through 1/b and a/b²); PyTorch gives {want}. E.g. float32 a=[1, 0], "
-             f"b=[0, {b1}]", Case(op, "float32", [T([1.0, 0.0], "float32"), T([0.0, b1], "float32")]),
-             when=_quotient_derivative_overflows)
-    for op, want, b1 in (("div.trunc", "0 for both inputs (rounding has zero derivative)", 0.0), ("div.floor", "0 for both inputs", 0.0),
-                         ("mod", "1 for a and -inf for b (a - floor(a/b)·b)", 2.0), ("fmod", "1 for a and -inf for b", 2.0))],
   *[KnownBug(f"{op}_inexact_remainder", op, "value,grad", f"{op} of floats is a - {rnd}(a/b)·b in the input dtype: when a/b rounds "
              "to an integer from below (fmod(0.3, 0.1)), has more integer digits than the mantissa (float32 fmod(1e10, 3) = 0, want 1), "
              "overflows (float32 fmod(2, 1e-40) = -inf, want 1.7e-41) or underflows, or b is ±inf (fmod(x, inf) and mod(x, inf) are nan, "
@@ -352,17 +334,6 @@ KNOWN_BUGS: list[KnownBug] = [
            "(1/eps·seed). float32 [[0, 1], [0, 2]], p=2, dim=0: column 0",
            Case("normalize", "float32", [T([[0.0, 1.0], [0.0, 2.0]], "float32")], {"p": 2.0, "dim": 0}),
            when=lambda c: bool(np.any(np.all(np.abs(c.args[0].value.astype(np.float64)) < 1e-6, axis=c.kw["dim"])))),
-  KnownBug("scatter_multiply_grad_zero_factor", "scatter.reduce", "grad", "scatter(reduce='multiply'): the gradient is nan where a factor "
-           "is 0 (the product is divided by the factor; docs/tensor.md says 'not exact where a factor is 0'); PyTorch gives the product "
-           "of the other factors. float32 self=[0, 2, 3], index=[0, 1], src=[4, 5]: d/dself[0] nan, want 4",
-           Case("scatter.reduce", "float32", [T([0.0, 2.0, 3.0], "float32"), index([0, 1]), T([4.0, 5.0], "float32")],
-                {"dim": 0, "reduce": "multiply"}),
-           when=lambda c: c.kw["reduce"] == "multiply" and (_any(c, lambda v: v == 0, 0) or _any(c, lambda v: v == 0, 2))),
-  KnownBug("scatter_reduce_prod_grad_zero_factor", "scatter_reduce", "grad", "scatter_reduce(reduce='prod'): as scatter(reduce='multiply'), "
-           "nan gradients where a factor is 0. float32 self=[0, 2, 3], index=[0, 1], src=[4, 5]",
-           Case("scatter_reduce", "float32", [T([0.0, 2.0, 3.0], "float32"), index([0, 1]), T([4.0, 5.0], "float32")],
-                {"dim": 0, "reduce": "prod", "include_self": True}),
-           when=lambda c: c.kw["reduce"] == "prod" and (_any(c, lambda v: v == 0, 0) or _any(c, lambda v: v == 0, 2))),
   KnownBug("binary_crossentropy_grad_at_0_1", "binary_crossentropy", "grad", "binary_crossentropy: the gradient is nan at p = 0 or p = 1 "
            "(0·inf through the log clamped at -100) and unbounded (-y/p, (1-y)/(1-p)) within 1e-12 of them; PyTorch's backward is "
            "(p - y)/max(p(1-p), 1e-12), finite (0 where the target equals p). float32 p=[0, 1, 0.5], y=[0, 1, 0.5]",
@@ -405,9 +376,6 @@ KNOWN_BUGS: list[KnownBug] = [
              "and Python's // give nan. float32 [-inf, inf] // [1e30, 2]",
              Case(op, "float32", [T([-np.inf, np.inf], "float32"), T([1e30, 2.0], "float32")]), when=lambda c: _nonfinite(c, 0))
     for op in ("div.floor", "floordiv")],
-  KnownBug("sin_grad_large_arguments", "sin", "grad", "the gradient of sin is cos, with cos's error for large |x| (see "
-           "cos_large_arguments): float32 sin'(1e30) = 0.791, PyTorch -0.612", Case("sin", "float32", [T([1e30, 0.5], "float32")]),
-           when=lambda c: _big(c, _TRIG[c.dtype])),
   *[KnownBug(f"{op}_exp_overflow", op, "value,grad", f"{op}(x) = (exp(x) {sign} exp(-x))/2 overflows where exp(|x|) does but the "
              f"result fits: float32 {op}(89) = inf, PyTorch 2.24e38; float64 {op}(710) = inf, PyTorch 1.1e308",
              Case(op, "float32", [T([89.0, -89.3, 1.0], "float32")]), when=lambda c: _any(c, lambda v: (np.abs(v) > np.log(_fmax(c)) - 1)
@@ -460,10 +428,6 @@ KNOWN_BUGS: list[KnownBug] = [
            "element is nan; PyTorch passes the output gradient through. float32 [[inf, 2]] along axis 0",
            Case("cumprod", "float32", [T([[np.inf, 2.0]], "float32")], {"axis": 0}),
            when=lambda c: _any(c, np.isinf) and (c.args[0].value.ndim == 0 or c.args[0].value.shape[c.kw["axis"]] == 1)),
-  KnownBug("div_grad_tiny_divisor", "div", "grad", "a / b: the gradient of b is nan where a = 0 and 1/b overflows (float16 |b| < 1.5e-5, "
-           "float32 denormals): -(1/b)² · a is inf · 0; PyTorch computes -(a/b)/b and gives -0. float16 0 / -7e-6",
-           Case("div", "float16", [T([0.0, 1.0], "float16"), T([-7e-6, 2.0], "float16")]),
-           when=lambda c: _any(c, lambda v: np.abs(v) < 1 / DT_MAX.get(c.dtype, 1e300), 1)),
   KnownBug("softplus_beta_overflow", "softplus", "value,grad", "softplus(x, beta) where beta·x overflows the dtype is inf (x·beta is "
            "formed first); PyTorch returns x there (its threshold). float32 softplus(3e38, beta=2)",
            Case("softplus", "float32", [T([3e38, 1.0], "float32"), Py(2.0)]), when=lambda c: _big(c, _fmax(c) / 2.5, 0)),

@@ -1,0 +1,73 @@
+"""Gradients at singular points (issue 32, item 4): where a textbook derivative rule meets 0·inf or a rounded argument,
+the gradient is PyTorch's (the values here are the exact derivatives PyTorch gives), not nan."""
+from __future__ import annotations
+
+import numpy as np
+
+from plugrad import Tensor, dtypes
+
+
+def grads(f, *values: list, dtype=dtypes.float32, seed: list | None = None) -> list[np.ndarray]:
+  xs = [Tensor(v, dtype=dtype) for v in values]
+  out = f(*xs)
+  g = out.sum() if seed is None else (out * Tensor(seed, dtype=dtype)).sum()
+  return [r.float().numpy() if dtype is dtypes.bfloat16 else r.numpy() for r in g.gradient(*xs)]
+
+
+def test_rounding_division_has_zero_gradient_at_a_zero_divisor():
+  for mode in ("trunc", "floor"):
+    ga, gb = grads(lambda a, b, m=mode: a.div(b, rounding_mode=m), [1.0, 0.0, 5.0], [0.0, 0.0, 2.0])
+    np.testing.assert_array_equal(ga, [0, 0, 0])
+    np.testing.assert_array_equal(gb, [0, 0, 0])
+
+
+def test_remainder_gradient_at_a_zero_divisor():
+  # d/da (a - floor(a/b)·b) = 1, d/db = -floor(a/b): no 0·inf from the quotient's 1/b where b is tiny
+  ga, gb = grads(lambda a, b: a % b, [0.0, 7.0, 1e-30], [1e-30, 2.0, 1e-30])
+  np.testing.assert_array_equal(ga, [1, 1, 1])
+  np.testing.assert_array_equal(gb, [0, -3, -1])
+  ga, gb = grads(lambda a, b: a.fmod(b), [0.0, -7.0], [1e-30, 2.0])
+  np.testing.assert_array_equal(ga, [1, 1])
+  np.testing.assert_array_equal(gb, [0, 3])
+
+
+def test_division_gradient_of_a_tiny_divisor():
+  # d(a/b)/db = -(a/b)/b: 0 for a = 0 although 1/b overflows float16
+  ga, gb = grads(lambda a, b: a / b, [0.0, 1.0], [-7e-6, 2.0], dtype=dtypes.float16)
+  assert np.isinf(ga[0]) and ga[1] == 0.5
+  assert gb[0] == 0 and gb[1] == -0.25
+
+
+def test_sin_gradient_at_large_arguments():
+  x = [1e30, 1000.5, 0.5, -3e38]
+  (g,) = grads(lambda t: t.sin(), x)
+  np.testing.assert_allclose(g, np.cos(np.array(x, dtype=np.float32).astype(np.float64)), atol=2e-7)
+  (g,) = grads(lambda t: t.sin(), [100.0, 1000.0], dtype=dtypes.bfloat16)
+  np.testing.assert_allclose(g, np.cos([100.0, 1000.0]), atol=8e-3)
+
+
+def test_sin_second_derivative():
+  x = Tensor([0.3, 2.0, 1e4])
+  (d1,) = x.sin().sum().gradient(x)
+  (d2,) = d1.sum().gradient(x)
+  np.testing.assert_allclose(d2.numpy(), -np.sin(np.array([0.3, 2.0, 1e4], dtype=np.float32).astype(np.float64)), atol=1e-6)
+
+
+def test_scatter_product_gradient_with_zero_factors():
+  # r = [0·4, 2·5, 3]: d/dself = [4, 5, 1], d/dsrc = [0, 2]
+  for how in ("multiply", "prod"):
+    x, src, idx = Tensor([0.0, 2.0, 3.0]), Tensor([4.0, 5.0]), Tensor([0, 1], dtype=dtypes.int32)
+    out = x.scatter(0, idx, src, reduce="multiply") if how == "multiply" else x.scatter_reduce(0, idx, src, "prod")
+    gx, gs = (g.numpy() for g in out.sum().gradient(x, src))
+    np.testing.assert_array_equal(gx, [4, 5, 1])
+    np.testing.assert_array_equal(gs, [0, 2])
+  # two factors of one position, one of them 0: the zero one gets the product of the others, the rest 0; two zeros: all 0
+  x, src, idx = Tensor([3.0, 0.0]), Tensor([0.0, 5.0, 0.0, 2.0]), Tensor([0, 0, 1, 1], dtype=dtypes.int32)
+  gx, gs = (g.numpy() for g in x.scatter_reduce(0, idx, src, "prod").sum().gradient(x, src))
+  np.testing.assert_array_equal(gx, [0, 0])
+  np.testing.assert_array_equal(gs, [15, 0, 0, 0])
+  # include_self=False leaves self out of the product
+  x, src, idx = Tensor([7.0, 1.0]), Tensor([0.0, 5.0]), Tensor([0, 0], dtype=dtypes.int32)
+  gx, gs = (g.numpy() for g in x.scatter_reduce(0, idx, src, "prod", include_self=False).sum().gradient(x, src))
+  np.testing.assert_array_equal(gx, [0, 1])
+  np.testing.assert_array_equal(gs, [5, 0])
