@@ -657,3 +657,23 @@ def test_heuristics_channel_tile_a_convolution_whose_panel_exceeds_the_budget(mo
   np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
   past, pvals = _ast(Tensor(x, device="PYTHON").conv2d(Tensor(wt, device="PYTHON"), padding=1))
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_heuristics_take_dot_products_for_few_rows_of_a_transposed_matmul(rows):
+  # x @ W.T (nn.Linear) with few rows: transposing all of W into a panel cost more than the rows' dot products (a
+  # classifier head 8x512 @ (1000x512)^T: 0.57 -> 0.21 ms on one thread); from TRANSPOSE_MIN_REUSE rows on the tile wins
+  from plugrad.codegen.opt.heuristic import TRANSPOSE_MIN_REUSE
+  renderer = Device["CPU"].renderer
+  if (w := renderer.vector_width) <= 1: pytest.skip("the CPU renderer has no vector lanes on this machine")
+  x, wt = RNG.standard_normal((rows, 96)).astype(np.float32), RNG.standard_normal((80, 96)).astype(np.float32)
+  ast, var_vals = _ast(Tensor(x, device="CPU") @ Tensor(wt, device="CPU").T)
+  prg = get_program(ast, renderer)
+  ops = {o.op for o in prg.applied_opts}
+  if rows < TRANSPOSE_MIN_REUSE:  # vector accumulators along the reduction: both operands read in vectors
+    assert OptOps.PACK not in ops and any(o.op is OptOps.UNROLL and o.amount % w == 0 for o in prg.applied_opts), prg.applied_opts
+    assert vector_fma(prg.source, w)
+  else: assert OptOps.PACK in ops, prg.applied_opts
+  np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
+  past, pvals = _ast(Tensor(x, device="PYTHON") @ Tensor(wt, device="PYTHON").T)
+  check_same(past, Device["PYTHON"].renderer, list(prg.applied_opts), pvals)

@@ -142,8 +142,20 @@ def _register_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> None:
   _padded_split(k, OptOps.UNROLL, len(k.reduce_axes) - 1, (4,), reduce=True)
 
 
+TRANSPOSE_MIN_REUSE = 32  # rows that reuse a transposed panel at least (below: the dot-product layout is faster)
+
+
 def _transposed_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> Scheduler | None:
-  """The register tile on a copy of `k` when PACK can give it a panel (else None: the tile would gather B)."""
+  """The register tile on a copy of `k` when PACK can give it a panel (else None: the tile would gather B). Not for
+  few rows: the copy transposes all of B (N x K gathered elements) once, which costs about as much as 16-32 rows of
+  dot products along the contiguous reduction (the vector accumulators of the reduction branch, both operands read in
+  vectors). A classifier head 8x512 @ (1000x512)^T took 0.57 ms packed and 0.21 ms as dot products (one thread); at
+  32 rows the two are even (0.80 / 0.81 ms), at 64 the tile wins (1.4 / 1.6 ms)."""
+  vr = k.output_axes[vec_axis]
+  vals = [v for v in k.packable_values() if vr in v.toposort and set(k.reduce_axes) & set(v.toposort)]
+  if len(vals) == 1:
+    rows = prod(_const_size(r) for r in k.output_axes if r not in vals[0].toposort)
+    if rows < TRANSPOSE_MIN_REUSE: return None
   trial = k.copy()
   _register_tile(trial, vec_axis, deps)
   _pack_panel(trial, vec_axis)
