@@ -10,4 +10,5 @@ os.environ.setdefault("PLUGRAD_STRICT_PLUGINS", "1")
 if importlib.util.find_spec("triton") is not None:
   importlib.import_module("triton")
 
-pytest_plugins = ["pytester", "tests.differential.report"]  # the differential tester's summary (docs/testing.md)
+# the differential tester's and the composition fuzzer's summaries (docs/testing.md)
+pytest_plugins = ["pytester", "tests.differential.report", "tests.fuzz.report"]
