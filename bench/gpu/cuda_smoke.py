@@ -5,7 +5,8 @@
 Each check prints `PASS name: what it saw (ms)` or `FAIL name: the error` (a CUDAError carries the driver's
 CUDA_ERROR_* name); every result is compared with numpy. Checks: copies round trip below and above the 4 MiB staging
 chunk; a launch; an event-timed launch (GPU seconds from cuEventElapsedTime_v2); a TinyJit replay as a CUDA graph with
-new input buffers every call (the nodes' parameters patched), then a second capture (a new graph); a PTX source linked
+new input buffers every call (the nodes' parameters patched), then a second capture (a new graph); a graph whose
+topology changes with a bound Variable (a launch of 0 blocks dropped: rebuilt); a PTX source linked
 by nvJitLink; a PTX kernel with more than 48 KiB of dynamic shared memory (the opt-in); a tensor-core (mma.sync) fp16
 matmul. Without a usable GPU every check says "no GPU" with the reason and the script exits 0 (nothing is measured).
 Exit status 1 when any check fails.
@@ -70,6 +71,49 @@ def ptx_reverse(shared_offset: int) -> tuple[str, int]:
   return src, shared
 
 
+# out[i] = a[i] + b[i] for i < n, one thread per element (the libcuda stand-in of plugins/cuda/tests runs a kernel of
+# this name and parameters itself, so this check also runs in CI without a GPU: tests/gpu/test_gpu_checks.py)
+ADD_N_PTX = """.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry pg_add_n(
+	.param .u64 pg_add_n_param_0,
+	.param .u64 pg_add_n_param_1,
+	.param .u64 pg_add_n_param_2,
+	.param .u32 pg_add_n_param_3
+)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<6>;
+	.reg .f32 %f<4>;
+	.reg .b64 %rd<11>;
+	ld.param.u64 %rd1, [pg_add_n_param_0];
+	ld.param.u64 %rd2, [pg_add_n_param_1];
+	ld.param.u64 %rd3, [pg_add_n_param_2];
+	ld.param.u32 %r1, [pg_add_n_param_3];
+	mov.u32 %r2, %ctaid.x;
+	mov.u32 %r3, %ntid.x;
+	mov.u32 %r4, %tid.x;
+	mad.lo.s32 %r5, %r2, %r3, %r4;
+	setp.ge.s32 %p1, %r5, %r1;
+	@%p1 bra DONE;
+	cvta.to.global.u64 %rd4, %rd1;
+	cvta.to.global.u64 %rd5, %rd2;
+	cvta.to.global.u64 %rd6, %rd3;
+	mul.wide.s32 %rd7, %r5, 4;
+	add.s64 %rd8, %rd5, %rd7;
+	ld.global.f32 %f1, [%rd8];
+	add.s64 %rd9, %rd6, %rd7;
+	ld.global.f32 %f2, [%rd9];
+	add.f32 %f3, %f1, %f2;
+	add.s64 %rd10, %rd4, %rd7;
+	st.global.f32 [%rd10], %f3;
+DONE:
+	ret;
+}
+"""
+
+
 def _tensor(x: np.ndarray) -> Any:
   from plugrad import Tensor
   return Tensor(x, device=DEV).realize()
@@ -127,6 +171,38 @@ def check_graph() -> str:
   return f"{first}; 5 calls then a new capture ({sum(g.rebuilds for g in regraphs)} instantiation), all match numpy"
 
 
+def check_graph_rebuild() -> str:
+  """A TinyJit of two launches of ADD_N_PTX, the second sized by a bound Variable: replays with new input buffers patch
+  the nodes; n = 0 drops the second node (CUDA cannot launch an empty grid), a new topology, so the graph is built
+  and instantiated again, and again when n comes back."""
+  from plugrad import Tensor, TinyJit, Variable
+  from plugrad.backend import new_program, run_program
+  from plugrad.dtype import dtypes
+  f32 = dtypes.float32
+  def program(v: Any) -> Any:  # one per variable: a TinyJit argument's value is looked up by the variable's name
+    return new_program("pg_add_n", DEV, source=ADD_N_PTX, buffers=[(f32, "out"), (f32, "in"), (f32, "in")], global_size=((v + 255) // 256,),
+                       local_size=(256,), vars=[v])
+  m, n = Variable("m", 1, 1024), Variable("n", 0, 1024)
+  add_m, add_n = program(m), program(n)
+  @TinyJit
+  def step(x: Tensor, y: Tensor, k: Any) -> Tensor:
+    mid = Tensor.empty(1024, device=DEV)
+    run_program(add_m, mid, x, y, m=1024)  # bound inside: it keeps its captured value
+    out = Tensor.empty(1024, device=DEV)
+    run_program(add_n, out, mid, x, n=k)
+    return out
+  seen = []
+  for k in (1024, 1024, 1024, 300, 0, 700):
+    x, y = RNG.standard_normal(1024).astype(np.float32), RNG.standard_normal(1024).astype(np.float32)
+    got = step(_tensor(x), _tensor(y), n.bind(k)).numpy()
+    _same(got[:k], (x + y + x)[:k], rtol=1e-6, atol=1e-6)
+    graphs = [s for s in step.captured.steps if hasattr(s, "rebuilds")] if step.captured is not None else []
+    seen.append(tuple((len(g.nodes), g.rebuilds) for g in graphs))
+  want = [(), ((0, 0),), ((2, 1),), ((2, 1),), ((1, 2),), ((2, 3),)]  # captured on the 2nd call, built on the 3rd
+  if seen != want: raise RuntimeError(f"(nodes, instantiations) per call {seen}, expected {want}")
+  return "patched replays, n = 0 drops a node (rebuilt), n = 700 brings it back (rebuilt); every output matches numpy"
+
+
 def check_ptx(offset: int) -> str:
   from plugrad import Tensor
   from plugrad.backend import new_program, run_program
@@ -165,6 +241,7 @@ CHECKS: dict[str, Callable[[], str]] = {
   "launch": check_launch,
   "event_timed": check_event_timed,
   "graph": check_graph,
+  "graph_rebuild": check_graph_rebuild,
   "ptx": lambda: check_ptx(0),
   "shared_48k": lambda: check_ptx(64 << 10),
   "tensor_core": check_tensor_core,

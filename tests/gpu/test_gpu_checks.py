@@ -100,6 +100,7 @@ def test_smoke_ptx_kernels_link_for_sm_90():
     src, shared = cuda_smoke.ptx_reverse(offset)
     assert ptx.shared_bytes(src) == shared and (shared > 48 << 10) == (offset > 0)
     assert CUDACompiler("sm_90").compile(src)[:4] == b"\x7fELF"
+  assert ptx.entry_params(cuda_smoke.ADD_N_PTX, "pg_add_n") is not None and CUDACompiler("sm_90").compile(cuda_smoke.ADD_N_PTX)[:4] == b"\x7fELF"
 
 
 SMOKE_WITH_STANDIN = """
@@ -118,15 +119,18 @@ def test_smoke_reports_pass_and_fail_with_the_cuda_error_name(tmp_path: Path):
   if standin.compiler() is None: pytest.skip("no C compiler to build the libcuda stand-in")
   so = standin.build_standin(include, tmp_path)
   code = SMOKE_WITH_STANDIN.format(script=str(ROOT / "bench/gpu/cuda_smoke.py"))
-  res = subprocess.run([sys.executable, "-c", code, str(so), "--only", "copy_small,copy_large,launch", "--json", str(tmp_path / "s.json")],
+  checks = "copy_small,copy_large,graph_rebuild,launch"
+  res = subprocess.run([sys.executable, "-c", code, str(so), "--only", checks, "--json", str(tmp_path / "s.json")],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
   assert res.returncode == 1, res.stdout + res.stderr  # the stand-in runs no real kernels: the launch fails, by name
   assert "GPU: plugrad CUDA stand-in (no GPU) (sm_90)" in res.stdout, res.stdout
   assert "PASS  copy_small: 4000 bytes in and out" in res.stdout and "PASS  copy_large: 9437196 bytes in and out" in res.stdout, res.stdout
   assert "FAIL  launch: LaunchError [CUDA_ERROR_NOT_SUPPORTED]: kernel 'E_100003' failed to launch on CUDA" in res.stdout, res.stdout
-  assert "smoke: 2 of 3 passed; FAILED: launch" in res.stdout
+  # the graph check's kernel is one the stand-in runs itself (pg_add_n): TinyJit, the graph runner and its rebuilds
+  assert "PASS  graph_rebuild: patched replays, n = 0 drops a node (rebuilt)" in res.stdout, res.stdout
+  assert "smoke: 3 of 4 passed; FAILED: launch" in res.stdout
   got = json.loads((tmp_path / "s.json").read_text())
-  assert [got[k]["status"] for k in ("copy_small", "copy_large", "launch")] == ["PASS", "PASS", "FAIL"]
+  assert [got[k]["status"] for k in ("copy_small", "copy_large", "graph_rebuild", "launch")] == ["PASS", "PASS", "PASS", "FAIL"]
 
 
 def test_deadline_plugin_fails_a_slow_test_and_runs_the_rest(tmp_path: Path):

@@ -9,7 +9,7 @@
  * 5 GiB allocation costs nothing until touched); streams run synchronously; events hold a host timestamp.
  *
  * Kernels: cuModuleLoadData takes any cubin (ELF) or PTX image, and a launch runs one of the stand-in's own kernels,
- * found by the function's name (standin_add, standin_add_n below); launching any other kernel is
+ * found by the function's name (pg_add, pg_add_n below); launching any other kernel is
  * CUDA_ERROR_NOT_SUPPORTED. Graph nodes copy their argument values when added or set, as the driver does.
  *
  * Every call is appended to a log (standin_log) as "name value value ...", so tests can assert on the sequence. */
@@ -285,7 +285,7 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const cha
   if (!as(hmod, K_MODULE)) return CUDA_ERROR_INVALID_HANDLE;
   handle_t *f = new_handle(K_FUNC);
   snprintf(f->name, sizeof f->name, "%s", name);
-  f->kernel = !strcmp(name, "standin_add") ? KERNEL_ADD : !strcmp(name, "standin_add_n") ? KERNEL_ADD_N : KERNEL_NONE;
+  f->kernel = !strcmp(name, "pg_add") ? KERNEL_ADD : !strcmp(name, "pg_add_n") ? KERNEL_ADD_N : KERNEL_NONE;
   f->max_shared = 48 << 10;
   *hfunc = (CUfunction)f;
   logf_("cuModuleGetFunction %s", name);

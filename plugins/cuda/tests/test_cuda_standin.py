@@ -31,9 +31,9 @@ pytestmark = [
 ]
 STRUCTS = {"CUDA_KERNEL_NODE_PARAMS": KernelNodeParams}
 F32 = dtypes.float32
-ADD_SRC = ('extern "C" __global__ void standin_add(float* out, const float* a, const float* b) {\n'
+ADD_SRC = ('extern "C" __global__ void pg_add(float* out, const float* a, const float* b) {\n'
            "  int i = blockIdx.x * blockDim.x + threadIdx.x; out[i] = a[i] + b[i];\n}\n")
-FAKE_CUBIN = b"\x7fELF the stand-in runs its own standin_add"
+FAKE_CUBIN = b"\x7fELF the stand-in runs its own pg_add"
 
 
 @pytest.fixture(scope="module")
@@ -182,11 +182,11 @@ def test_runtime_launches_and_times_by_events(lib):
   a, rt = CUDAAllocator("CUDA", 0), CUDARuntime("CUDA", 0)
   x, y = np.arange(1024, dtype=np.float32), np.full(1024, 0.5, np.float32)
   out, hx, hy = _buffers(a, np.zeros(1024, np.float32), x, y)
-  prog = rt.load(new_program("standin_add", "CUDA", source=ADD_SRC, binary=FAKE_CUBIN, buffers=[(F32, "out"), (F32, "in"), (F32, "in")],
+  prog = rt.load(new_program("pg_add", "CUDA", source=ADD_SRC, binary=FAKE_CUBIN, buffers=[(F32, "out"), (F32, "in"), (F32, "in")],
                              global_size=(4,), local_size=(256,)))
   lib.standin_log_clear()
   assert prog(out, hx, hy, global_size=(4, 1, 1), local_size=(256, 1, 1)) is None
-  assert _log(lib) == ["cuLaunchKernel standin_add 4 1 1 256 1 1 0"]
+  assert _log(lib) == ["cuLaunchKernel pg_add 4 1 1 256 1 1 0"]
   np.testing.assert_array_equal(_read(a, out, 1024), x + y)
   lib.standin_log_clear()
   secs = prog(out, hy, hy, global_size=(4, 1, 1), local_size=(256, 1, 1), wait=True)
@@ -195,12 +195,12 @@ def test_runtime_launches_and_times_by_events(lib):
   assert names == ["cuEventRecord", "cuLaunchKernel", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime_v2"], names
   np.testing.assert_array_equal(_read(a, out, 1024), y + y)
   # the driver's error names reach the user: a block of 2048 threads, and a kernel the stand-in cannot run
-  with pytest.raises(driver.CUDAError, match=r"cuLaunchKernel\('standin_add', grid \(1, 1, 1\), block \(2048, 1, 1\)\) failed: CUDA_ERROR_INVALID_V"):
+  with pytest.raises(driver.CUDAError, match=r"cuLaunchKernel\('pg_add', grid \(1, 1, 1\), block \(2048, 1, 1\)\) failed: CUDA_ERROR_INVALID_V"):
     prog(out, hx, hy, global_size=(1, 1, 1), local_size=(2048, 1, 1))
   other = rt.load(new_program("E_4", "CUDA", binary=FAKE_CUBIN, buffers=[(F32, "out")], global_size=(1,)))
   with pytest.raises(driver.CUDAError, match="CUDA_ERROR_NOT_SUPPORTED"): other(out)
   with pytest.raises(driver.CUDAError, match="cuModuleLoadData.*CUDA_ERROR_INVALID_IMAGE"):
-    rt.load(new_program("standin_add", "CUDA", binary=b"not a cubin", buffers=[(F32, "out")], global_size=(1,)))
+    rt.load(new_program("pg_add", "CUDA", binary=b"not a cubin", buffers=[(F32, "out")], global_size=(1,)))
 
 
 def test_ptx_program_with_more_than_48k_dynamic_shared_memory_is_opted_in(lib):
@@ -211,12 +211,12 @@ def test_ptx_program_with_more_than_48k_dynamic_shared_memory_is_opted_in(lib):
     .version 8.0
     .target sm_90
     .address_size 64
-    .visible .entry standin_add(.param .u64 p0, .param .u64 p1, .param .u64 p2)
+    .visible .entry pg_add(.param .u64 p0, .param .u64 p1, .param .u64 p2)
     { ret; }
     """)
   a, rt = CUDAAllocator("CUDA", 0), CUDARuntime("CUDA", 0)
   out, hx = _buffers(a, np.zeros(64, np.float32), np.ones(64, np.float32))
-  prog = rt.load(new_program("standin_add", "CUDA", source=ptx_src, binary=ptx_src.encode() + b"\0",
+  prog = rt.load(new_program("pg_add", "CUDA", source=ptx_src, binary=ptx_src.encode() + b"\0",
                              buffers=[(F32, "out"), (F32, "in"), (F32, "in")], global_size=(1,), local_size=(64,)))
   assert prog.shared == 100000 and "cuFuncSetAttribute 8 100000" in _log(lib)
   prog(out, hx, hx, global_size=(1, 1, 1), local_size=(64, 1, 1))  # the stand-in refuses > 48 KiB without the opt-in
@@ -233,9 +233,9 @@ from plugrad.backend import new_program, run_program
 from plugrad.dtype import dtypes
 F32, n = dtypes.float32, Variable("n", 0, 1024)
 sig = [(F32, "out"), (F32, "in"), (F32, "in")]
-add = new_program("standin_add", "CUDA", source=sys.argv[2], binary=sys.argv[3].encode(), buffers=sig, global_size=(4,), local_size=(256,))
+add = new_program("pg_add", "CUDA", source=sys.argv[2], binary=sys.argv[3].encode(), buffers=sig, global_size=(4,), local_size=(256,))
 # out[i] = a[i] + b[i] for i < n: its grid is ceil(n / 256) blocks, none for n = 0 (the graph drops that node)
-add_n = new_program("standin_add_n", "CUDA", binary=sys.argv[3].encode(), buffers=sig, global_size=((n + 255) // 256,), local_size=(256,), vars=[n])
+add_n = new_program("pg_add_n", "CUDA", binary=sys.argv[3].encode(), buffers=sig, global_size=((n + 255) // 256,), local_size=(256,), vars=[n])
 
 @TinyJit
 def step(x, y, k):
