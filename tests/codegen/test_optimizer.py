@@ -677,3 +677,17 @@ def test_heuristics_take_dot_products_for_few_rows_of_a_transposed_matmul(rows):
   np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
   past, pvals = _ast(Tensor(x, device="PYTHON") @ Tensor(wt, device="PYTHON").T)
   check_same(past, Device["PYTHON"].renderer, list(prg.applied_opts), pvals)
+
+
+def test_heuristics_put_the_outputs_of_a_short_row_reduction_into_lanes():
+  # global average pooling (7x7 pixels per channel): one chain of dependent adds per output; the channels go into
+  # vector lanes, one independent accumulator each (8x512x7x7: 82 -> 35 us of kernel on one thread)
+  renderer = Device["CPU"].renderer
+  if (w := renderer.vector_width) <= 1: pytest.skip("the CPU renderer has no vector lanes on this machine")
+  x = RNG.standard_normal((2, 4 * w, 7, 7)).astype(np.float32)
+  ast, var_vals = _ast(Tensor(x, device="CPU").mean((2, 3)))
+  prg = get_program(ast, renderer)
+  assert list(prg.applied_opts)[:2] == [Opt(OptOps.UPCAST, 1, w), Opt(OptOps.UNROLL, 1, 0)], prg.applied_opts
+  np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
+  past, pvals = _ast(Tensor(x, device="PYTHON").mean((2, 3)))
+  check_same(past, Device["PYTHON"].renderer, list(prg.applied_opts), pvals)
