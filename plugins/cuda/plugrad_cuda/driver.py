@@ -1,9 +1,10 @@
 """The CUDA driver API (`libcuda.so.1`, installed with the NVIDIA driver) through ctypes: loading, error names, and
 the probe. No toolkit is needed at run time; the kernels are compiled by the NVRTC wheel (nvrtc.py).
 
-Only what plugrad uses is declared; every call goes through `check`, which raises `CUDAError` with the driver's
-`cuGetErrorName`/`cuGetErrorString` and the call that failed. UNVERIFIED HERE: this machine has no GPU and no
-libcuda, so everything below the probe's "not found" branch runs only on a GPU machine (bench/gpu/cuda_check.sh).
+Only what plugrad uses is declared (PROTOTYPES, bound by `Driver`); every call goes through `check`, which raises
+`CUDAError` with the driver's `cuGetErrorName`/`cuGetErrorString` and the call that failed. UNVERIFIED ON A GPU: the
+development machines have none; the declarations are checked against cuda.h and run against a C stand-in for libcuda
+in tests/test_cuda_standin.py, the real driver only on a GPU machine (bench/gpu/cuda_check.sh).
 """
 from __future__ import annotations
 
