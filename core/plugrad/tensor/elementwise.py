@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float
-from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, broadcast_shape, const_uop, tensor_cls
+from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, broadcast_shape, const_uop, in_float32, tensor_cls
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -480,14 +480,23 @@ def asin(self: Tensor) -> Tensor:
 def acos(self: Tensor) -> Tensor: return math.pi / 2 - self.asin()
 
 
+def _half_exps(self: Tensor) -> tuple[Tensor, Tensor]:
+  """exp(x)/2 and exp(-x)/2 as exp2(±x·log2(e) - 1) (the - 1 is exact from |x·log2(e)| >= 1 on): finite, and so is
+  the gradient, wherever the result is, where exp(x) overflows first (float32 sinh(89) = 2.2e38)."""
+  t = _floats(self) * (1 / math.log(2))
+  return (t - 1).exp2(), (-t - 1).exp2()
+
+
+@in_float32
 def sinh(self: Tensor) -> Tensor:
-  x = _floats(self)
-  return (x.exp() - (-x).exp()) / 2
+  a, b = _half_exps(self)
+  return a - b
 
 
+@in_float32
 def cosh(self: Tensor) -> Tensor:
-  x = _floats(self)
-  return (x.exp() + (-x).exp()) / 2
+  a, b = _half_exps(self)
+  return a + b
 
 
 def tanh(self: Tensor) -> Tensor:
@@ -517,6 +526,7 @@ def acosh(self: Tensor) -> Tensor:
 def atanh(self: Tensor) -> Tensor: return (lambda x: ((1 + x) / (1 - x)).log() / 2)(_floats(self))
 
 
+@in_float32  # half: 1 - P(t)·exp(-x²) cancels near 0 when rounded in half (float16 erf(0.01) = 0.00879)
 def erf(self: Tensor) -> Tensor:
   def pos(x: Tensor) -> Tensor:
     t = 1 / (1 + _ERF_P * x)

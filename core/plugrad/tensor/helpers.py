@@ -117,3 +117,35 @@ def check_shape(shape: Sequence[Any], what: str) -> tuple[int, ...]:
   if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
     raise ValueError(f"{what}: a shape must be ints >= 0, got {shape!r}")
   return tuple(shape)
+
+
+def compute_dtype(dt: DType) -> DType:
+  """The dtype an op's intermediates are formed in for `dt`: float32 for float16/bfloat16, as PyTorch's kernels compute
+  them (its "opmath" type: a product of two half factors, x·x or x·6 overflow half at 256 or 10923, and small results
+  lose their digits), every other dtype itself (so float32/float64 graphs, and their kernels, are unchanged)."""
+  return dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+
+
+def in_float32(fn: Any) -> Any:
+  """`fn` (a Tensor method) computed in `compute_dtype`: half-precision Tensor arguments are cast to float32, the result
+  is rounded once back to self's dtype. The backward runs in float32 too (a cast's gradient is cast back)."""
+  @functools.wraps(fn)
+  def wrapper(self: Tensor, *args: Any, **kw: Any) -> Any:
+    dt = self.dtype
+    if compute_dtype(dt) is dt: return fn(self, *args, **kw)
+    T = tensor_cls()
+    def up(a: Any) -> Any: return a.cast(compute_dtype(a.dtype)) if isinstance(a, T) else a
+    ret = fn(up(self), *map(up, args), **{k: up(v) for k, v in kw.items()})
+    return ret.cast(dt)
+  return wrapper
+
+
+_EXPONENT_BITS = {4: (dtypes.uint32, 0x7F800000), 8: (dtypes.uint64, 0x7FF0000000000000)}
+
+
+def pow2_scale(m: Tensor) -> Tensor:
+  """For magnitudes m >= 0 (float32 or float64): the power of two 2^floor(log2 m), or 1 where m is 0, subnormal, inf or
+  nan. Dividing by it is exact, so x/s computes as x does, without the overflow of x·x or of a sum for huge x."""
+  u, mask = _EXPONENT_BITS[m.dtype.itemsize]
+  p = (m.bitcast(u) & mask).bitcast(m.dtype)  # the mantissa cleared: 0 for a subnormal, inf for inf and nan
+  return ((p > 0) & (p < math.inf)).where(p, 1.0)

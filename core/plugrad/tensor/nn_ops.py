@@ -18,7 +18,7 @@ import numpy as np
 from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.helpers import argsort, prod
 from plugrad.tensor.attention import fused_attention
-from plugrad.tensor.helpers import ArgumentError, ints
+from plugrad.tensor.helpers import ArgumentError, in_float32, ints, pow2_scale
 from plugrad.tensor.indexing import make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -67,6 +67,7 @@ def selu(self: Tensor, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
   return gamma * (self > 0).where(self, alpha * (_nonpos(self).exp() - 1))  # the negative side at 0, as PyTorch
 
 
+@in_float32  # half: x³ and the x² of the gradient overflow from |x| = 40 and 256
 def gelu(self: Tensor, approximate: str = "tanh") -> Tensor:
   """GELU; `approximate='tanh'` (tinygrad's default) or `'none'` (the erf form)."""
   if approximate == "tanh": return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
@@ -92,6 +93,7 @@ def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor
 
 
 def logsigmoid(self: Tensor) -> Tensor: return -(-self).softplus()
+@in_float32  # half: x·relu6(x + 3) overflows from x = 10923
 def hardswish(self: Tensor) -> Tensor: return self * (self + 3).relu6() * (1 / 6)
 def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor:
   """x clipped to [min_val, max_val], with PyTorch's gradient: 0 at the bounds (clip passes it there); nan stays nan."""
@@ -99,13 +101,15 @@ def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor:
 
 
 def softplus(self: Tensor, beta: float = 1.0) -> Tensor:
-  """log(1 + exp(beta*x)) / beta, as max(y, 0) + log(1 + exp(-|y|)): stable for large |y|."""
+  """log(1 + exp(beta*x)) / beta, as max(x, 0) + log(1 + exp(-|y|))/beta with y = beta*x: stable for large |y|, and x
+  itself where y overflows the dtype (max(y, 0)/beta would be inf)."""
   y = self * beta
   pos = y >= 0
-  return (pos.where(y, 0) + (1 + pos.where(-y, y).exp()).log()) * (1 / beta)
+  return pos.where(self, 0) + (1 + pos.where(-y, y).exp()).log() * (1 / beta)
 
 
 def softsign(self: Tensor) -> Tensor: return self / (1 + self.abs())
+@in_float32  # half: softplus of x < -1 keeps few digits in half, and mish multiplies its error by x
 def mish(self: Tensor) -> Tensor: return self * self.softplus().tanh()
 
 
@@ -129,10 +133,16 @@ def log_softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) ->
   return m - m.exp().sum(axis, keepdim=True).log()
 
 
+@in_float32  # half: eps=1e-12 is 0 in half, and |x|^p underflows or overflows it
 def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-  """self / max(||self||_p over dim, eps)."""
+  """self / max(||self||_p over dim, eps). The norm is s·||self/s||_p with s a power of two near max|self| (exact):
+  |x|^p neither overflows (float32 |x| >= 1.8e19 at p=2) nor underflows."""
   resolve_dim(dim, self.ndim, "normalize")
-  norm = self.ne(0).sum(dim, keepdim=True) if p == 0 else self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
+  if p == 0: norm = self.ne(0).sum(dim, keepdim=True)
+  else:
+    a = self.abs()
+    s = pow2_scale(a.max(dim, keepdim=True).detach())
+    norm = (a / s).pow(p).sum(dim, keepdim=True).pow(1 / p) * s
   return self / norm.maximum(eps)
 
 
@@ -156,8 +166,10 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int
   oyx, rcout = x.shape[2:2 + nk], cout // groups
   x = x.reshape(bs, groups, 1, cin, *oyx, *HW)
   w = weight.reshape(1, groups, rcout, cin, *(1,) * nk, *HW)
-  acc = dtype if dtype is not None or dtypes.is_float(x.dtype) else sum_acc_dtype(least_upper_dtype(x.dtype, w.dtype))  # ints as tinygrad
-  ret = (x * w).sum((3, *range(4 + nk, 4 + 2 * nk)), dtype=acc).reshape(bs, cout, *oyx)
+  axes, out = (3, *range(4 + nk, 4 + 2 * nk)), to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, w.dtype)
+  if dtypes.is_float(out):  # products formed in the accumulation dtype (float32 for half) and rounded once, as Tensor.dot
+    ret = (x.cast(acc := sum_acc_dtype(out)) * w.cast(acc)).sum(axes).cast(out).reshape(bs, cout, *oyx)
+  else: ret = (x * w).sum(axes, dtype=dtype if dtype is not None else sum_acc_dtype(out)).reshape(bs, cout, *oyx)  # ints as tinygrad
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * nk)
 
 
@@ -281,6 +293,7 @@ def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
   return x + bias.reshape(shape) if bias is not None else x
 
 
+@in_float32  # half: (x - mean)² overflows from 256, and the backward's (var + eps)^-1.5 ≈ 1.6e7 at var = 0
 def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Tensor:
   """(x - mean) / sqrt(var + eps) over `axis` (no affine part; nn.LayerNorm adds it)."""
   ax = _axes(axis, self.ndim, "layernorm")
@@ -394,7 +407,8 @@ def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index
   if weight is not None and weight.shape != (C,): raise ShapeError(f"nll_loss: weight {fmt(weight.shape)} must be ({C},)")
   hot = one_hot_last(Y, C)  # (N, ..., C)
   x = self if cd == self.ndim - 1 else self.permute(0, *range(2, self.ndim), 1)
-  w = hot.where(1.0, 0.0) if weight is None else hot.where(weight, 0)
+  # float weights of self's dtype, as PyTorch: float32 ones would promote a half loss to float32
+  w = hot.where(1.0, 0.0).cast(self.dtype if dtypes.is_float(self.dtype) else dtypes.float32) if weight is None else hot.where(weight, 0)
   if ignore_index is not None: w = Y.ne(ignore_index).unsqueeze(-1).where(w, 0)
   # an ignored row adds nothing, also where its picked log-probability is nan or -inf (0·-inf would be nan)
   picked = hot.where(x, 0) if ignore_index is None else (hot & Y.ne(ignore_index).unsqueeze(-1)).where(x, 0)
@@ -507,12 +521,15 @@ def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike 
   if len(set(rhs)) != len(rhs) or any(c not in sizes for c in rhs): raise ShapeError(f"einsum: bad output '{rhs}' in '{formula}'")
   alpha = sorted(sizes)
   aligned = [x.permute(tuple(argsort(list(s)))).reshape(tuple(x.shape[s.index(c)] if c in s else 1 for c in alpha)) for s, x in zip(inputs, xs)]
+  red = tuple(i for i, c in enumerate(alpha) if c not in rhs)
+  target = to_dtype(dtype) if dtype is not None else least_upper_dtype(*(t.dtype for t in aligned))
+  # a contraction of floats forms its products in the accumulation dtype (float32 for half) and rounds once, as Tensor.dot
+  if red and dtypes.is_float(target): aligned = [t.cast(sum_acc_dtype(target)) for t in aligned]
   prod_ = aligned[0]
   for t in aligned[1:]: prod_ = prod_ * t
-  red = tuple(i for i, c in enumerate(alpha) if c not in rhs)
-  # integers accumulate as tinygrad's (sum_acc_dtype): int32 in, int32 out, as PyTorch's einsum
-  acc = dtype if dtype is not None or dtypes.is_float(prod_.dtype) else sum_acc_dtype(prod_.dtype)
-  out = prod_.sum(red, dtype=acc) if red else prod_ if dtype is None else prod_.cast(to_dtype(dtype))
+  if not red: out = prod_ if dtype is None else prod_.cast(target)
+  elif dtypes.is_float(target): out = prod_.sum(red).cast(target)
+  else: out = prod_.sum(red, dtype=dtype if dtype is not None else sum_acc_dtype(prod_.dtype))  # ints as tinygrad's (and PyTorch's) einsum
   kept = [c for c in alpha if c in rhs]
   return out.permute(tuple(kept.index(c) for c in rhs))
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from plugrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.helpers import prod
 from plugrad.tensor.creation import dtype_problem
-from plugrad.tensor.helpers import broadcast_shape, const_uop, ints, iota, resolve_dims
+from plugrad.tensor.helpers import broadcast_shape, const_uop, ints, iota, pow2_scale, resolve_dims
 from plugrad.uop.ops import Ops
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -89,23 +89,49 @@ def mean(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor:
   return (self.cast(sum_acc_dtype(out)).sum(axis, keepdim) / _count(self, axis)).cast(out)
 
 
+def _safe_mean(x: Tensor, axis: Axis, keepdim: bool) -> Tensor:
+  """The mean of x (a float tensor) as the sum of x/2^k over n/2^k (2^k >= n): the same bits as sum(x)/n (both scaled
+  exactly), but a sum of large values cannot overflow (two 3e38 have the mean 3e38, not inf; PyTorch's var_mean)."""
+  n = _count(x, axis)
+  p2 = 1 << builtins.max(n - 1, 0).bit_length()
+  return (x * (1 / p2)).sum(axis, keepdim) / (n / p2)
+
+
+def _deviations(self: Tensor, axis: Axis) -> Tensor:
+  """x - mean(x) in the accumulation dtype. The mean is detached: the deviations sum to 0, so its path adds nothing to
+  the gradient (but inf - inf where they overflow)."""
+  x = self.cast(sum_acc_dtype(least_upper_float(self.dtype)))
+  return x - _safe_mean(x, axis, True).detach()
+
+
 def var(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
-  out = least_upper_float(self.dtype)
-  x = self.cast(sum_acc_dtype(out))
-  dev = x - x.mean(axis, keepdim=True)
-  return ((dev * dev).sum(axis, keepdim) / (_count(self, axis) - correction if _count(self, axis) > correction else 0)).cast(out)
+  dev, n = _deviations(self, axis), _count(self, axis)
+  return ((dev * dev).sum(axis, keepdim) / (n - correction if n > correction else 0)).cast(least_upper_float(self.dtype))
 
 
 def std(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
-  return self.var(axis, keepdim, correction).sqrt()
+  """sqrt(var) taken before rounding to the result dtype, of the deviations scaled by a power of two near their largest
+  magnitude (exact): a standard deviation that fits the dtype is finite where its variance overflows (float16 [1000, 1,
+  2, 3]: the variance 2.5e5 does not fit half, 499 does), as PyTorch's."""
+  dev, n = _deviations(self, axis), _count(self, axis)
+  s = pow2_scale(dev.abs().max(axis, keepdim=True).detach())
+  d = dev / s
+  ret = ((d * d).sum(axis, keepdim=True) / (n - correction if n > correction else 0)).sqrt() * s
+  return (ret if keepdim else ret.reshape(tuple(sz for i, sz in enumerate(self.shape) if i not in _axes(self, axis, "std")))).cast(
+    least_upper_float(self.dtype))
+
+
+def _mean_of(self: Tensor, axis: Axis, keepdim: bool) -> Tensor:
+  out = least_upper_float(self.dtype)
+  return _safe_mean(self.cast(sum_acc_dtype(out)), axis, keepdim).cast(out)
 
 
 def std_mean(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
-  return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+  return self.std(axis, keepdim, correction), _mean_of(self, axis, keepdim)
 
 
 def var_mean(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
-  return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+  return self.var(axis, keepdim, correction), _mean_of(self, axis, keepdim)
 
 
 def logsumexp(self: Tensor, axis: Axis = None, keepdim: bool = False) -> Tensor:
@@ -151,9 +177,13 @@ def dot(self: Tensor, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
     if nx >= 2: x, wt = x.unsqueeze(-2), wt.unsqueeze(-3)
   else: wt = w
   out = least_upper_dtype(self.dtype, w.dtype) if dtype is None else to_dtype(dtype)
+  if dtypes.is_float(out):
+    # the products are formed, not only summed, in the accumulation dtype (float32 for half) and rounded once, as
+    # PyTorch's: 300·300 overflows float16. The factors' casts are what a tensor core's half inputs match (opt/tc.py)
+    acc = sum_acc_dtype(out)
+    return (x.cast(acc) * wt.cast(acc)).sum(-1).cast(out)
   # integers accumulate in sum_acc_dtype and come back as the promoted dtype (PyTorch's int matmul keeps it too)
-  acc = dtype if dtype is not None or dtypes.is_float(out) else sum_acc_dtype(out)
-  return (x * wt).sum(-1, dtype=acc).cast(out)
+  return (x * wt).sum(-1, dtype=dtype if dtype is not None else sum_acc_dtype(out)).cast(out)
 
 
 def matmul(self: Tensor, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:
