@@ -38,6 +38,10 @@ class PluginAPIVersionError(PluginLoadError):
   """A plugin was built against an incompatible plugin API version."""
 
 
+class PluginTimeoutError(PluginLoadError):
+  """A plugin's import, `plugrad_devices()` or a device probe did not answer within PLUGRAD_PROBE_TIMEOUT seconds."""
+
+
 class PluginConflictError(DeviceError):
   """Two distributions claim the same device name."""
 

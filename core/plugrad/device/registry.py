@@ -62,13 +62,14 @@ class CompiledDevice:
   def __repr__(self) -> str: return f"<CompiledDevice {self.name} from {self.plugin.label} (plugin {self.plugin.name!r})>"
 
   def _component(self, hook: str, kind: str, **kwargs: Any) -> Any:
-    obj, rec = self._manager.call_component(hook, self.name, **kwargs)
+    base = _base_class(kind)
+    def check(obj: Any) -> str | None:  # the manager skips a wrong result from a plugin that does not declare this device
+      if isinstance(obj, base): return None
+      return f"returned {type(obj).__module__}.{type(obj).__qualname__}, expected an instance of {base.__module__}.{base.__qualname__}"
+    obj, rec = self._manager.call_component(hook, self.name, check, **kwargs)
     if obj is None or rec is None:
       raise PluginHookError(f"no plugin provides a {kind} for device {self.name}: every {hook}({self.name!r}) returned None "
                             f"(the device is declared by plugin {self.plugin.name!r} ({self.plugin.label}), which must implement {hook})")
-    if not isinstance(obj, base := _base_class(kind)):
-      raise PluginHookError(f"{hook}({self.name!r}) in plugin {rec.name!r} ({rec.label}) returned {type(obj).__module__}.{type(obj).__qualname__}, "
-                            f"expected an instance of {base.__module__}.{base.__qualname__}")
     return obj
 
   @functools.cached_property
@@ -85,12 +86,10 @@ class CompiledDevice:
   def graph(self) -> type | None:
     """A GraphRunner subclass, or None when the device has no graph support. Only "is a class" is checked here; the
     JIT checks that it subclasses GraphRunner (device/graph.py) when it uses it."""
-    obj, rec = self._manager.call_component("plugrad_graph", self.name)
-    if obj is not None and not isinstance(obj, type):
-      who = f"plugin {rec.name!r} ({rec.label})" if rec is not None else "a plugin"
-      raise PluginHookError(f"plugrad_graph({self.name!r}) in {who} returned an instance of "
-                            f"{type(obj).__qualname__}; it must return a GraphRunner subclass (the class itself) or None")
-    return obj
+    def check(obj: Any) -> str | None:
+      if isinstance(obj, type): return None
+      return f"returned an instance of {type(obj).__qualname__}; it must return a GraphRunner subclass (the class itself) or None"
+    return self._manager.call_component("plugrad_graph", self.name, check)[0]
 
   def synchronize(self) -> None:
     """Wait until all work launched on this device is done."""

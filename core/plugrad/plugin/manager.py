@@ -4,11 +4,14 @@ its plugin API version, detects device-name conflicts and calls the component ho
 Nothing here runs at `import plugrad`: entry points are read on the first device use (`PluginManager.load`). A plugin
 that fails is recorded with its distribution, version and traceback and skipped, so one broken backend never breaks
 the core or the other devices; asking for a device it would have provided re-raises the recorded cause with a remedy.
-The same holds after loading: a probe or device count that raises, or a component hook that raises for a device its
-plugin does not declare, takes away only what that plugin provides (docs/security.md, "Devices").
+The same holds after loading: a probe or device count that raises, or a component hook that raises or returns the wrong
+type for a device its plugin does not declare, takes away only what that plugin provides (docs/security.md, "Devices").
+A plugin's import, its `plugrad_devices()` and its probes and counts run under a deadline (PLUGRAD_PROBE_TIMEOUT), in a
+worker thread, so that one that never answers makes only its own devices unavailable.
 """
 from __future__ import annotations
 
+import contextvars
 import difflib
 import functools
 import importlib
@@ -30,6 +33,7 @@ from plugrad.errors import (
   PluginConflictError,
   PluginHookError,
   PluginLoadError,
+  PluginTimeoutError,
   UnknownDeviceError,
 )
 from plugrad.helpers import SettingsError
@@ -41,6 +45,9 @@ ENTRY_POINT_GROUP = "plugrad"
 FIRST_PARTY: dict[str, str] = {"CPU": "plugrad-cpu", "CUDA": "plugrad-cuda", "AMD": "plugrad-amd", "METAL": "plugrad-metal",
                                "WEBGPU": "plugrad-webgpu"}
 ErrorFactory = Callable[[], DeviceError]
+# Seconds a plugin's import, plugrad_devices(), probe or count may take: the slowest real one here (a WebGPU adapter on a
+# software rasterizer) takes ~2 s on a loaded machine, so this only ever catches a plugin that hangs.
+DEFAULT_PROBE_TIMEOUT = 10.0
 
 
 class PluginWarning(UserWarning):
@@ -76,6 +83,16 @@ def _env_flag(env: Mapping[str, str], key: str) -> bool:
   raise SettingsError(f"{key} must be 0 or 1, got {raw!r} (see docs/env-vars.md)")
 
 
+def _env_seconds(env: Mapping[str, str], key: str, default: float) -> float:
+  raw = env.get(key, "").strip()
+  if raw == "": return default
+  try: v = float(raw)
+  except ValueError: v = -1.0
+  if not v >= 0 or v == float("inf"):
+    raise SettingsError(f"{key} must be a number of seconds >= 0 (0: no deadline), got {raw!r} (see docs/env-vars.md)")
+  return v
+
+
 def _installed_entry_points() -> list[EntryPointLike]: return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
@@ -96,6 +113,7 @@ class PluginRecord:
   error: BaseException | None = field(default=None, repr=False)
   error_type: type[DeviceError] = field(default=PluginLoadError, repr=False)
   remedy: str = ""
+  hung: str = ""                 # set when one of its probes or counts did not answer: every device of it is unavailable
 
   @property
   def label(self) -> str: return f"{self.distribution} {self.version}"
@@ -109,7 +127,8 @@ class PluginRecord:
   def exception(self, device: str | None = None) -> DeviceError:
     """A fresh error for a failed plugin (raised each time the device is asked for), chained to the recorded cause."""
     what = f"device {device!r} is unavailable: " if device else ""
-    verb = "was refused" if issubclass(self.error_type, PluginAPIVersionError) else "failed to load"
+    verb = "was refused" if issubclass(self.error_type, PluginAPIVersionError) else \
+      "timed out" if issubclass(self.error_type, PluginTimeoutError) else "failed to load"
     err = self.error_type(f"{what}plugin {self.name!r} ({self.label}) {verb}: {self.reason}" + (f"\n{self.remedy}" if self.remedy else ""))
     err.__cause__ = self.error
     return err
@@ -160,6 +179,8 @@ class PluginManager:
   @property
   def no_plugins(self) -> bool: return _env_flag(self.env, "PLUGRAD_NO_PLUGINS")
   @property
+  def probe_timeout(self) -> float: return _env_seconds(self.env, "PLUGRAD_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT)
+  @property
   def allowlist(self) -> tuple[str, ...] | None:
     raw = self.env.get("PLUGRAD_PLUGINS", "")
     names = tuple(normalize_dist(n.strip()) for n in raw.split(",") if n.strip())
@@ -173,7 +194,7 @@ class PluginManager:
     """Read the entry points and register every plugin (once; later calls only re-raise a strict-mode failure)."""
     with self._lock:
       if not self._loaded:
-        strict, no_plugins, allow = self.strict, self.no_plugins, self.allowlist  # bad values raise before anything is loaded
+        strict, no_plugins, allow, _ = self.strict, self.no_plugins, self.allowlist, self.probe_timeout  # bad values raise first
         self._loaded = True
         if self._builtins:
           self._add(importlib.import_module("plugrad.builtin.plugin"),
@@ -215,9 +236,12 @@ class PluginManager:
     if rec.status == "blocked":
       self._records.append(rec)
       return
-    try: obj = ep.load()
-    except BaseException as e:  # SystemExit from a plugin's import must not end the process
-      if isinstance(e, KeyboardInterrupt): raise
+    obj, e = _call_plugin(ep.load, self.probe_timeout)  # SystemExit from a plugin's import must not end the process
+    if isinstance(e, _Hung):
+      self._records.append(rec)
+      self._fail(rec, e, f"importing {ep.value!r} did not answer in {e.seconds:g} s (PLUGRAD_PROBE_TIMEOUT)", _hung_remedy(rec), PluginTimeoutError)
+      return
+    if e is not None:
       self._records.append(rec)
       self._fail(rec, e, f"importing {ep.value!r} raised {type(e).__name__}: {e}", _reinstall_remedy(rec))
       return
@@ -234,6 +258,9 @@ class PluginManager:
     except PluginAPIVersionError as e:  # the message already says what to upgrade
       self._pm.unregister(obj)
       return self._fail(rec, e, str(e), "", PluginAPIVersionError)
+    except PluginTimeoutError as e:
+      self._pm.unregister(obj)
+      return self._fail(rec, e, str(e), _hung_remedy(rec), PluginTimeoutError)
     except Exception as e:
       self._pm.unregister(obj)
       return self._fail(rec, e, str(e) if isinstance(e, DeviceError) else f"{type(e).__name__}: {e}", _fix_remedy(rec))
@@ -252,8 +279,9 @@ class PluginManager:
     specs: list[DeviceSpec] = []
     for impl in self._pm.hook.plugrad_devices.get_hookimpls():
       if impl.plugin is not obj: continue
-      try: ret = impl.function()
-      except Exception as e: raise PluginHookError(f"plugrad_devices() raised {type(e).__name__}: {e}") from e
+      ret, e = _call_plugin(impl.function, self.probe_timeout)
+      if isinstance(e, _Hung): raise PluginTimeoutError(f"plugrad_devices() did not answer in {e.seconds:g} s (PLUGRAD_PROBE_TIMEOUT)") from e
+      if e is not None: raise PluginHookError(f"plugrad_devices() raised {type(e).__name__}: {e}") from e
       if not isinstance(ret, (list, tuple)) or not all(isinstance(s, DeviceSpec) for s in ret):
         raise PluginHookError(f"plugrad_devices() must return a list of plugrad.plugin.DeviceSpec, got {_describe(ret)}")
       specs.extend(ret)
@@ -342,7 +370,7 @@ class PluginManager:
     key = entry.spec.name
     if (p := self._probes.get(key)) is None:
       with self._lock:
-        if (p := self._probes.get(key)) is None: p = self._probes[key] = _run_probe(entry)
+        if (p := self._probes.get(key)) is None: p = self._probes[key] = _run_probe(entry, self.probe_timeout)
     return p
 
   def probe(self, name: str) -> str | None:
@@ -398,9 +426,12 @@ class PluginManager:
         out.append(FallbackCause(f"device {e.spec.name} (priority {e.spec.priority}) is unavailable here: {p.reason}", None, e.spec.name))
     return out
 
-  def call_component(self, hook: str, device: str, **kwargs: Any) -> tuple[Any, PluginRecord | None]:
+  def call_component(self, hook: str, device: str, check: Callable[[Any], str | None] | None = None,
+                     **kwargs: Any) -> tuple[Any, PluginRecord | None]:
     """Call a firstresult component hook, implementation by implementation in pluggy's order, so that the result (and
-    any failure) is attributed to the plugin that produced it. Returns (result, its plugin) or (None, None)."""
+    any failure) is attributed to the plugin that produced it. Returns (result, its plugin) or (None, None). `check`
+    says what is wrong with a result (None: nothing); a wrong result, like a raise, is PluginHookError naming the
+    plugin when it declares the device, and skipped (with a warning) when it does not."""
     if hook not in hookspecs.COMPONENT_HOOKS: raise ValueError(f"{hook!r} is not a component hook; expected one of {hookspecs.COMPONENT_HOOKS}")
     self.load()
     args = {"device": device, **kwargs}
@@ -408,23 +439,29 @@ class PluginManager:
       rec = self._by_regname[impl.plugin_name]
       try: ret = impl.function(*[args[a] for a in impl.argnames])
       except Exception as e:
-        if not self._foreign_failure(hook, device, rec, e):
+        if not self._foreign_failure(hook, device, rec, f"raised {type(e).__name__}: {e}", e):
           if isinstance(e, (DeviceError, SettingsError)): raise  # already typed by the plugin (unavailable driver, a bad THREADS, ...)
           raise PluginHookError(f"{hook}({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
         continue
-      if ret is not None: return ret, rec
+      if ret is None: continue
+      if check is not None and (wrong := check(ret)) is not None:
+        if not self._foreign_failure(hook, device, rec, wrong):
+          raise PluginHookError(f"{hook}({device!r}) in plugin {rec.name!r} ({rec.label}) {wrong}")
+        continue
+      return ret, rec
     return None, None
 
-  def _foreign_failure(self, hook: str, device: str, rec: PluginRecord, e: Exception) -> bool:
-    """Whether a hook that raised for `device` is skipped: when its plugin does not declare that device (a buggy
-    override, or a plugin whose hook fails for every device), so that it never takes away another plugin's device. It
-    warns once per plugin and hook; under PLUGRAD_STRICT_PLUGINS=1 it is an error instead."""
+  def _foreign_failure(self, hook: str, device: str, rec: PluginRecord, what: str, e: Exception | None = None) -> bool:
+    """Whether a hook that raised (`e`) or returned the wrong type for `device` (`what` says which) is skipped: when its
+    plugin does not declare that device (a buggy override, or a plugin whose hook fails for every device), so that it
+    never takes away another plugin's device. It warns once per plugin and hook; under PLUGRAD_STRICT_PLUGINS=1 it is an
+    error instead."""
     name = device_name(device)
     if isinstance(e, SettingsError): return False  # the user's setting: reported, whoever reads it
     if any(name == s.name or name in s.aliases for s in rec.specs) or self.strict: return False
     if (rec.name, hook) not in self._skipped_hooks:
       self._skipped_hooks.add((rec.name, hook))
-      warnings.warn(f"plugrad: plugin {rec.name!r} ({rec.label}): {hook}({device!r}) raised {type(e).__name__}: {e}; it does not declare "
+      warnings.warn(f"plugrad: plugin {rec.name!r} ({rec.label}): {hook}({device!r}) {what}; it does not declare "
                     f"{name}, so it was skipped and the next plugin's {hook} used (an override of {name} in it is not in effect)",
                     PluginWarning, stacklevel=4)
     return True
@@ -437,9 +474,11 @@ class PluginManager:
       rec = self._by_regname[impl.plugin_name]
       try: ret = impl.function(device)
       except Exception as e:
+        if self._foreign_failure("plugrad_conformance_xfails", device, rec, f"raised {type(e).__name__}: {e}", e): continue
         raise PluginHookError(f"plugrad_conformance_xfails({device!r}) in plugin {rec.name!r} ({rec.label}) raised {type(e).__name__}: {e}") from e
       if ret is None: continue
       if not isinstance(ret, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ret.items()):
+        if self._foreign_failure("plugrad_conformance_xfails", device, rec, f"returned {type(ret).__name__}, not a dict of str to str"): continue
         raise PluginHookError(f"plugrad_conformance_xfails({device!r}) in plugin {rec.name!r} ({rec.label}) must return a dict of str to str "
                               f"or None, got {type(ret).__name__}")
       out.update(ret)
@@ -499,18 +538,46 @@ def _raiser(make: Callable[[str], Exception], msg: str, cause: BaseException) ->
   return raised
 
 
-def _call_plugin(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-  """fn()'s result, or the exception it raised: anything but Ctrl-C (SystemExit, RecursionError, ...) is the plugin's."""
-  try: return fn(), None
-  except KeyboardInterrupt: raise
-  except BaseException as e: return None, e
+class _Hung(Exception):
+  """What `_call_plugin` gives back for a call that did not return within its deadline (the call goes on in its thread)."""
+  def __init__(self, seconds: float):
+    super().__init__(f"did not answer in {seconds:g} s")
+    self.seconds = seconds
 
 
-def _run_probe(entry: DeviceEntry) -> Probed:
+def _call_plugin(fn: Callable[[], Any], timeout: float = 0.0) -> tuple[Any, BaseException | None]:
+  """fn()'s result, or the exception it raised: anything but Ctrl-C (SystemExit, RecursionError, ...) is the plugin's.
+  With a timeout > 0 fn runs in a daemon thread (in a copy of the caller's context, so Context settings hold) and a call
+  that has not returned by then gives `_Hung`: a thread cannot be stopped, so it is left behind, and it cannot keep the
+  process from exiting."""
+  if timeout <= 0:
+    try: return fn(), None
+    except KeyboardInterrupt: raise
+    except BaseException as e: return None, e
+  out: list[tuple[Any, BaseException | None]] = []
+  def work() -> None:
+    try: out.append((fn(), None))
+    except BaseException as exc: out.append((None, exc))  # SystemExit in a thread would vanish silently: hand it back
+  ctx = contextvars.copy_context()
+  t = threading.Thread(target=ctx.run, args=(work,), name=f"plugrad-plugin-call:{getattr(fn, '__qualname__', fn)}", daemon=True)
+  t.start()
+  t.join(timeout)
+  if not out: return None, _Hung(timeout)
+  ret, err = out[0]
+  if isinstance(err, KeyboardInterrupt): raise err
+  return ret, err
+
+
+def _run_probe(entry: DeviceEntry, timeout: float) -> Probed:
   spec, who = entry.spec, f"in plugin {entry.plugin.name!r} ({entry.plugin.label})"
+  if entry.plugin.hung: return Probed(reason=entry.plugin.hung)  # its thread is still stuck: do not wait again per device
+  def hung(what: str, e: _Hung) -> Probed:
+    entry.plugin.hung = f"{what} did not answer in {e.seconds:g} s (device {spec.name} {who}; PLUGRAD_PROBE_TIMEOUT)"
+    return Probed(reason=entry.plugin.hung)
   if spec.probe is not None:
     where = f"the probe of device {spec.name} {who}"
-    ret, e = _call_plugin(spec.probe)
+    ret, e = _call_plugin(spec.probe, timeout)
+    if isinstance(e, _Hung): return hung("probe", e)
     if isinstance(e, SettingsError):  # a user setting makes the device unusable: misconfigured, not a plugin bug
       return Probed(error=_raiser(SettingsError, f"device {spec.name} is misconfigured: {e} ({who[3:]})", e))
     if e is not None:
@@ -520,8 +587,9 @@ def _run_probe(entry: DeviceEntry) -> Probed:
       return Probed(error=_raiser(PluginHookError, f"{where} returned {_describe(ret)}; expected None or a reason string", TypeError(ret)))
     if ret is not None: return Probed(reason=ret)
   if spec.count is None: return Probed()
-  n, e = _call_plugin(spec.count) if callable(spec.count) else (spec.count, None)
+  n, e = _call_plugin(spec.count, timeout) if callable(spec.count) else (spec.count, None)
   where = f"the device count of {spec.name} {who}"
+  if isinstance(e, _Hung): return hung("device count", e)
   if e is not None: return Probed(error=_raiser(PluginHookError, f"{where} raised {type(e).__name__}: {e}", e))
   if not isinstance(n, int) or isinstance(n, bool) or n < 0:
     return Probed(error=_raiser(PluginHookError, f"{where} returned {_describe(n)}; expected an int >= 0", TypeError(n)))
@@ -552,6 +620,11 @@ def _describe(x: Any) -> str:
 def _reinstall_remedy(rec: PluginRecord) -> str:
   return (f"Remedy: reinstall or upgrade it (pip install -U {rec.distribution}) or uninstall it (pip uninstall {rec.distribution}); "
           "`python -m plugrad plugins` shows every plugin's status.")
+
+
+def _hung_remedy(rec: PluginRecord) -> str:
+  return (f"Remedy: {rec.distribution} hangs here (a driver or network call that never returns?): upgrade or uninstall it, leave it out "
+          "with PLUGRAD_PLUGINS, or give it longer with PLUGRAD_PROBE_TIMEOUT.")
 
 
 def _fix_remedy(rec: PluginRecord) -> str:
