@@ -119,13 +119,78 @@ def div(self: Tensor, x: Tensor | Scalar, reverse: bool = False, rounding_mode: 
     return _alu(Ops.IDIV, a, b) if rounding_mode == "trunc" else _floordiv_int(a, b)
   a, b = _floats(a), _floats(b)
   q = _alu(Ops.FDIV, a, b)
-  return q if rounding_mode is None else q.trunc() if rounding_mode == "trunc" else q.floor()
+  return q if rounding_mode is None else q.trunc() if rounding_mode == "trunc" else _floordiv_float(a, b, q)
+
+
+def _floordiv_float(a: Tensor, b: Tensor, q: Tensor) -> Tensor:
+  """PyTorch's floor division of floats (q = a/b): (a - fmod(a, b))/b, one less where the remainder's sign differs from
+  b's, rounded to the nearest integer; ±0 where that is 0, a/b itself where b is 0. So an infinite a gives nan, and a
+  quotient that rounds to -0 (-1.9 // inf) gives -1, as Python's //. Its gradient is 0."""
+  a, b, qd = a.detach(), b.detach(), q.detach()
+  m = _fmod_float(a, b)
+  d = (a - m) / b
+  d = (m.ne(0) & (b < 0).ne(m < 0)).where(d - 1, d)
+  f = d.floor()
+  f = (d - f > 0.5).where(f + 1, f)
+  v = b.eq(0).where(qd.floor(), d.ne(0).where(f, qd * 0.0))  # qd·0: the zero with the quotient's sign
+  return q.isnan().where(q.floor(), v)  # q's floor (nan where chosen) keeps the result on the graph, with gradient 0
+
+
+_U64_OK: dict[Any, bool] = {}
+
+
+def _fmod_bits(a: Tensor, b: Tensor) -> Tensor:
+  """|a| mod |b| with a's sign, exactly, for float32 a and b (b finite and nonzero; the caller selects the other cases).
+  With a = ma·2^ea, b = mb·2^eb (integer mantissas), the remainder is ((ma mod mb)·2^(ea-eb) mod mb)·2^eb: the power of two
+  enters a few bits per step, so every intermediate fits an unsigned integer (40 bits a step in uint64 where the device
+  has it, else 8 in uint32: ea - eb is at most 253)."""
+  from plugrad.tensor.creation import dtype_problem
+  dev = a.device if isinstance(a.device, str) else a.device[0]
+  if dev not in _U64_OK: _U64_OK[dev] = dtype_problem(dev, dtypes.uint64) is None
+  u, step = (dtypes.uint64, 40) if _U64_OK[dev] else (dtypes.uint32, 8)
+  u32, i32 = dtypes.uint32, dtypes.int32
+  def parts(x: Tensor) -> tuple[Tensor, Tensor]:
+    bits = x.bitcast(u32)
+    field = (bits >> 23) & 0xFF
+    mant = (bits & 0x7FFFFF) | field.ne(0).where(0x800000, 0).cast(u32)  # the implicit bit of a normal number
+    return mant.cast(u), field.maximum(1).cast(i32)                         # subnormals: exponent field 0 means 1
+  ma, ea = parts(a)
+  mb, eb = parts(b)
+  mb = mb.eq(0).where(1, mb).cast(u)  # b = 0 is selected away; no division by 0 meanwhile
+  d = ea - eb
+  r = ma % mb
+  for k in range(-(-253 // step)): r = (r << (d - k * step).maximum(0).minimum(step).cast(u)) % mb
+  e = eb - 150                                   # b = mb·2^e; the remainder r·2^e scaled in two normal powers of two
+  e1 = e >> 1
+  def pow2(n: Tensor) -> Tensor: return ((n + 127) << 23).bitcast(dtypes.float32)
+  mag = (d < 0).where(a.abs(), r.cast(dtypes.float32) * pow2(e1) * pow2(e - e1))
+  return _sign_bit(a).where(-mag, mag)
+
+
+def _fmod_float(a: Tensor, b: Tensor) -> Tensor:
+  """C's fmod of float tensors a and b (one dtype and shape): exact for float32 and narrower (`_fmod_bits`); float64 is
+  a - trunc(a/b)·b, rounded where a/b has more than 53 bits (docs/tensor.md). fmod(a, ±inf) = a, fmod(±inf, b) and
+  fmod(a, 0) are nan. Its gradient is 1 for a and -trunc(a/b) for b (0 where b is infinite; a/b in float64 where the
+  device has it, so that an overflowing float32 quotient gives ±inf, not 0)."""
+  if a.dtype is dtypes.float64: v = a - (a / b).trunc() * b
+  else: v = _fmod_bits(a.detach().cast(dtypes.float32), b.detach().cast(dtypes.float32)).cast(a.dtype)
+  bad = a.isinf() | b.eq(0) | a.isnan() | b.isnan()
+  v = bad.where(math.nan, b.isinf().where(a.detach(), v))
+  wide = dtypes.float64 if a.dtype is not dtypes.float64 and _has_float64(a.device) else a.dtype
+  bw = b.cast(wide)
+  q = (a.cast(wide) / bw).trunc().detach()
+  # (b - b)·q is nan where b or q is not finite: no gradient there, except at b = 0 (±inf, as PyTorch), where fmod is nan anyway
+  lost = (bw.isinf() | (q.isinf() & bw.ne(0))).detach()
+  bg = lost.where(0.0, bw)
+  return v.detach() + (a - a.detach()) - ((bg - bg.detach()) * lost.where(0.0, q)).cast(a.dtype)
 
 
 def mod(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
   """Python's remainder: the result has the sign of the divisor."""
   a, b = _int_operands(self, x, reverse, "mod")
-  if dtypes.is_float(a.dtype): return a - a.div(b, rounding_mode="floor") * b
+  if dtypes.is_float(a.dtype):
+    m = _fmod_float(a, b)
+    return (m.ne(0) & (b < 0).ne(m < 0)).where(m + b, m)  # PyTorch's: fmod moved to b's side
   r = _alu(Ops.MOD, a, b)
   if dtypes.is_unsigned(a.dtype): return r
   return (r.ne(0) & ((r < 0).ne(b < 0))).where(r + b, r)
@@ -134,7 +199,7 @@ def mod(self: Tensor, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
 def fmod(self: Tensor, x: Tensor | Scalar) -> Tensor:
   """C's remainder: the result has the sign of the dividend."""
   a, b = _int_operands(self, x, False, "fmod")
-  if dtypes.is_float(a.dtype): return a - a.div(b, rounding_mode="trunc") * b
+  if dtypes.is_float(a.dtype): return _fmod_float(a, b)
   return _alu(Ops.MOD, a, b)
 
 
