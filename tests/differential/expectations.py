@@ -282,6 +282,17 @@ def _quotient_overflows(c: Case) -> bool:
     return bool(np.any(np.isfinite(a) & np.isfinite(b) & (b != 0) & (np.abs(q) > _fmax(c))))
 
 
+def _clip_selects(x: Any, lo: Any, hi: Any) -> Any:
+  """clamp as plugrad builds it, two selects: lo where x < lo, then hi where that is above hi."""
+  r = torch.where(x < lo, lo, x)
+  return torch.where(r > hi, hi, r)
+
+
+def _tied_bounds(c: Case) -> bool:
+  lo, hi = c.args[1], c.args[2]
+  return isinstance(lo, Arg) and isinstance(hi, Arg) and bool(np.any(np.equal(*np.broadcast_arrays(lo.value, hi.value))))
+
+
 ALLOWED: list[Allowed] = [
   # ---- dtypes (tinygrad 0.14's, documented in docs/tensor.md)
   *[Allowed(op, "dtype", "indices are int32, as in tinygrad 0.14 (docs/tensor.md: argmax/argmin give int32; sort/topk/cummax "
@@ -376,14 +387,14 @@ ALLOWED: list[Allowed] = [
             "a/b has more than 53 bits or lies within an ulp of an integer (fmod(1e300, 3)); PyTorch's remainder is exact. Float32 and "
             "narrower are exact; an exact float64 remainder would take ~190 steps of 64-bit integer division per element",
             ref=f, when=lambda c: c.dtype == "float64" and _remainder_inexact(c)) for op, f in (("fmod", _fmod_formula), ("mod", _mod_formula))],
+  Allowed("clip", "grad", "with tensor bounds min == max and x below them the gradient goes to min, which the result equals "
+          "(docs/tensor.md 'Gradients at kinks'); PyTorch's clamp backward gives it to neither bound (its tests min < max and "
+          "max < min both fail), so d(result) is lost. x=[-2.6], min=[0], max=[0]: plugrad 1 to min, PyTorch 0 everywhere",
+          ref=_clip_selects, when=lambda c: _tied_bounds(c)),
 ]
 
 KNOWN_BUGS: list[KnownBug] = [
   # ---- gradients
-  *[KnownBug(f"{op}_grad_at_pm1", op, "grad", f"{op}'(±1) is nan on float inputs ±1.0; PyTorch gives ±inf ({how})",
-             Case(op, "float32", [T([-1.0, 1.0, 0.5], "float32")]), when=lambda c: _any(c, lambda v: np.abs(v) == 1))
-    for op, how in (("asin", "asin is atan(x/sqrt((1-x)(1+x))): 0·inf in its backward"), ("acos", "acos is π/2 - asin"),
-                    ("atanh", "½·log((1+x)/(1-x)): 0·inf at the pole"))],
   KnownBug("normalize_grad_zero_norm", "normalize", "grad", "normalize: the gradient of a slice whose p-norm is below eps (an all-zero "
            "row) is nan (the norm's 0·inf at 0 passes through maximum(eps)); PyTorch clamps and gives x-independent finite values "
            "(1/eps·seed). float32 [[0, 1], [0, 2]], p=2, dim=0: column 0",
@@ -415,15 +426,8 @@ KNOWN_BUGS: list[KnownBug] = [
            Case("conv_transpose2d", "float32", [T(np.ones((1, 1, 2, 2)), "float32"), T([[[[1.0, np.inf], [1.0, 1.0]]]], "float32"), Py(None)],
                 {"groups": 1, "stride": 2, "dilation": 1, "padding": 0, "output_padding": 0}),
            when=lambda c: _nonfinite(c, 1) or _nonfinite(c, 0)),
-  KnownBug("logaddexp_grad_at_inf", "logaddexp", "grad", "logaddexp(a, b) with a = +inf (or b): the gradient of the infinite side is nan; "
-           "PyTorch gives 1 (and 0 to the other). float32 logaddexp([inf, 1], [-1, inf])",
-           Case("logaddexp", "float32", [T([np.inf, 1.0], "float32"), T([-1.0, np.inf], "float32")]), when=lambda c: _any(c, np.isposinf)),
   KnownBug("mish_grad_huge", "mish", "grad", "mish's gradient at x ≈ 3e38 (float32) is nan; PyTorch gives 1",
            Case("mish", "float32", [T([3e38, 1.0], "float32")]), when=lambda c: _big(c, _fmax(c) / 10)),
-  KnownBug("clip_tied_bounds_grad", "clip", "grad", "clip(x, lo, hi) with tensor bounds lo == hi and x < lo: the gradient goes to lo; "
-           "PyTorch gives it to hi (clamp is min(max(x, lo), hi): the outer bound wins). x=[-2.6], lo=[0], hi=[0]",
-           Case("clip", "float32", [T([-2.6, 1.0], "float32"), T([0.0, 0.0], "float32"), T([0.0, 0.0], "float32")]),
-           when=lambda c: isinstance(c.args[1], Arg) and bool(np.any(c.args[1].value == c.args[2].value))),
   *[KnownBug(f"{op}_grad_zero_variance", op, "grad", f"{op}: the gradient where the standard deviation is 0 (a constant row) is nan "
              "(sqrt'(0) = inf times 0), PyTorch gives 0; where the variance is subnormal it loses precision (float32 values of 5.7e-22: "
              "0.2878, PyTorch 0.2887) or is nan (bfloat16, float16). float32 [[0, 0], [1, 2]] along axis 1",

@@ -2,6 +2,8 @@
 the gradient is PyTorch's (the values here are the exact derivatives PyTorch gives), not nan."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from plugrad import Tensor, dtypes
@@ -71,3 +73,36 @@ def test_scatter_product_gradient_with_zero_factors():
   gx, gs = (g.numpy() for g in x.scatter_reduce(0, idx, src, "prod", include_self=False).sum().gradient(x, src))
   np.testing.assert_array_equal(gx, [0, 1])
   np.testing.assert_array_equal(gs, [5, 0])
+
+
+def test_inverse_trig_gradients_at_the_poles():
+  x = [-1.0, 1.0, 0.5, -0.75]
+  want = [math.inf, math.inf, 1 / math.sqrt(0.75), 1 / math.sqrt(1 - 0.75 ** 2)]
+  for dt in (dtypes.float32, dtypes.float64, dtypes.float16):
+    (g,) = grads(lambda t: t.asin(), x, dtype=dt)
+    np.testing.assert_allclose(g, want, rtol=2e-3)
+    (g,) = grads(lambda t: t.acos(), x, dtype=dt)
+    np.testing.assert_allclose(g, [-w for w in want], rtol=2e-3)
+  (g,) = grads(lambda t: t.atanh(), [-1.0, 1.0, 0.5])
+  np.testing.assert_allclose(g, [math.inf, math.inf, 1 / 0.75], rtol=1e-6)
+  # the values keep their accuracy on both sides of 1/2 and at the poles
+  v = np.array([-1.0, -0.9999, -0.6, -0.5, 0.3, 0.5, 0.51, 0.9999, 1.0])
+  np.testing.assert_allclose(Tensor(v).asin().numpy(), np.arcsin(v), rtol=1e-15, atol=1e-15)
+  np.testing.assert_allclose(Tensor(v).acos().numpy(), np.arccos(v), rtol=1e-15, atol=1e-15)
+  assert np.isnan(Tensor([1.5, -2.0]).asin().numpy()).all() and np.isnan(Tensor([1.5, -2.0]).acos().numpy()).all()
+
+
+def test_logaddexp_gradient_with_one_infinite_side():
+  inf = math.inf
+  ga, gb = grads(lambda a, b: a.logaddexp(b), [inf, 1.0, inf, 0.0], [-1.0, inf, -inf, 0.0])
+  np.testing.assert_array_equal(ga, [1, 0, 1, 0.5])
+  np.testing.assert_array_equal(gb, [0, 1, 0, 0.5])
+  assert np.isnan(grads(lambda a, b: a.logaddexp(b), [inf], [inf])[0]).all()  # PyTorch's nan where both are +inf
+
+
+def test_clip_with_tied_tensor_bounds():
+  # the result is min == max: its gradient goes to min below the bounds, to max above them, to x between (documented)
+  gx, glo, ghi = grads(lambda x, lo, hi: x.clip(lo, hi), [-2.6, 0.0, 3.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+  np.testing.assert_array_equal(gx, [0, 1, 0])
+  np.testing.assert_array_equal(glo, [1, 0, 0])
+  np.testing.assert_array_equal(ghi, [0, 0, 1])

@@ -386,9 +386,13 @@ def rsqrt(self: Tensor) -> Tensor: return self.sqrt().reciprocal()
 def logaddexp(self: Tensor, other: Tensor | Scalar) -> Tensor:
   a, b = broadcasted(self, other, False, "logaddexp")
   a, b = _floats(a), _floats(b)
-  m = a.maximum(b).detach()
-  m = m.isinf().where(0.0, m)  # both -inf (or one +inf): shift by 0 so the result is -inf/+inf, not nan
-  return ((a - m).exp() + (b - m).exp()).log() + m
+  # exactly one side +inf: the result is that side (gradient 1 to it, 0 to the other, as PyTorch), and the formula sees
+  # zeros there, whose gradient is not 0·inf; both +inf keep the formula (inf, and PyTorch's nan gradient)
+  one_inf = a.isinf(detect_negative=False).ne(b.isinf(detect_negative=False))
+  a_s, b_s = one_inf.where(0.0, a), one_inf.where(0.0, b)
+  m = a_s.maximum(b_s).detach()
+  m = m.isinf().where(0.0, m)  # both -inf (or both +inf): shift by 0 so the result is -inf/+inf, not nan
+  return one_inf.where(a.maximum(b), ((a_s - m).exp() + (b_s - m).exp()).log() + m)
 
 
 # ---- trigonometric and hyperbolic
@@ -537,12 +541,26 @@ def _atan_pos(x: Tensor) -> Tensor:
 def atan(self: Tensor) -> Tensor: return _odd(_floats(self), _atan_pos)
 
 
-def asin(self: Tensor) -> Tensor:
+def _asin_near0(z: Tensor) -> Tensor: return (z / ((1 - z) * (1 + z)).sqrt()).atan()  # for |z| <= 1/2
+
+
+def _asin_parts(self: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+  """(x, |x| <= 1/2, asin of x there, asin(sqrt((1 - |x|)/2)) elsewhere): past 1/2, asin(|x|) = π/2 - 2·asin(that) and
+  acos(|x|) = 2·asin(that), whose derivative through the sqrt is the ±inf of PyTorch at ±1 (x/sqrt(1 - x²) gave
+  atan'(inf)·inf = nan) and whose 1 - |x| is exact. Each branch sees only its own inputs: no 0·inf in the other."""
   x = _floats(self)
-  return (x / ((1 - x) * (1 + x)).sqrt()).atan()
+  near = x.abs() <= 0.5
+  return x, near, _asin_near0(near.where(x, 0.0)), _asin_near0(((1 - near.where(0.75, x.abs())) * 0.5).sqrt())
 
 
-def acos(self: Tensor) -> Tensor: return math.pi / 2 - self.asin()
+def asin(self: Tensor) -> Tensor:
+  x, near, small, half = _asin_parts(self)
+  return near.where(small, (x < 0).where(2 * half - math.pi / 2, math.pi / 2 - 2 * half))
+
+
+def acos(self: Tensor) -> Tensor:
+  x, near, small, half = _asin_parts(self)
+  return near.where(math.pi / 2 - small, (x < 0).where(math.pi - 2 * half, 2 * half))
 
 
 def _half_exps(self: Tensor) -> tuple[Tensor, Tensor]:
@@ -588,7 +606,8 @@ def asinh(self: Tensor) -> Tensor: return _odd(_floats(self), lambda x: _log_hyp
 def acosh(self: Tensor) -> Tensor:
   x = _floats(self)
   return (x < 1).where(math.nan, _log_hypot_sum(x, -1, 2.0))  # below 1 the formula cancels to a number, not nan
-def atanh(self: Tensor) -> Tensor: return (lambda x: ((1 + x) / (1 - x)).log() / 2)(_floats(self))
+# ½·(log(1 + x) - log(1 - x)): at ±1 the derivative of the log of 0 is PyTorch's inf (log of the quotient gave 0·inf)
+def atanh(self: Tensor) -> Tensor: return (lambda x: ((1 + x).log() - (1 - x).log()) / 2)(_floats(self))
 
 
 @in_float32  # half: 1 - P(t)·exp(-x²) cancels near 0 when rounded in half (float16 erf(0.01) = 0.00879)
