@@ -44,6 +44,23 @@ def require_dtype(device: Any, dt: DType, why: str = "") -> None:
     raise UnsupportedDTypeError(f"{device} does not support {name} ({reason}){f'; {why} needs it' if why else ''}")
 
 
+MAX_DIMS = 64  # numpy's limit on an array's dimensions, so the deepest nested list np.array could take
+
+
+class TensorDataError(TypeError, ValueError):
+  """Data `Tensor(...)` cannot take as it is: a numpy masked array (its mask would be silently dropped), or lists
+  nested deeper than MAX_DIMS. A TypeError and a ValueError, whichever the caller catches for bad data."""
+
+
+def _check_nesting(data: Any) -> None:
+  # along the first elements only, without recursion: a ragged deeper branch is caught by the RecursionError below
+  depth, x = 0, data
+  while isinstance(x, (list, tuple)) and depth <= MAX_DIMS:
+    depth, x = depth + 1, (x[0] if x else None)
+  if depth > MAX_DIMS:
+    raise TensorDataError(f"Tensor data is a list nested more than {MAX_DIMS} levels deep; a tensor has at most {MAX_DIMS} dimensions")
+
+
 def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   """The tensor-graph UOp holding `data`: an uploaded BUFFER of its own. (Not a CONST for Python scalars: equal constants
   are one hash-consed node, so a scalar parameter would share its identity, and its gradient, with every equal constant.)"""
@@ -57,15 +74,24 @@ def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if data is None: data = np.zeros((0,), dtypes.to_numpy(dtype or dtypes.default_float) if dtype is not dtypes.bfloat16 else np.float32)
   if isinstance(data, bytes): data = np.frombuffer(data, np.uint8)
   if isinstance(data, (list, tuple)):
-    content = dtypes.from_py(data)  # also rejects anything that is not a number or a bool
-    dt = dtype or content
-    try: arr = np.array(data, dtype=np.float32 if dt is dtypes.bfloat16 else dtypes.to_numpy(dt))
+    _check_nesting(data)
+    try:
+      content = dtypes.from_py(data)  # also rejects anything that is not a number or a bool
+      dt = dtype or content
+      arr = np.array(data, dtype=np.float32 if dt is dtypes.bfloat16 else dtypes.to_numpy(dt))
+    except RecursionError:
+      raise TensorDataError(f"Tensor data is a list nested too deeply (a tensor has at most {MAX_DIMS} dimensions)") from None
     except OverflowError as e:
       raise DTypeRangeError(f"Tensor data does not fit in {dt!r} (range {dt.min}..{dt.max}; {e}); pass a wider dtype") from None
     except ValueError as e: raise ValueError(f"Tensor data must be a rectangular nested list ({e})") from None
     u = from_numpy(arr, device)
     return u.cast(dt) if u.dtype is not dt else u
+  if isinstance(data, np.ma.MaskedArray):
+    raise TensorDataError("Tensor from a numpy masked array: the mask would be dropped; pass arr.filled(value) (masked entries set to value) "
+                          "or arr.data (the raw values) to say what the masked entries hold")
   if isinstance(data, np.ndarray):
+    # a byte-swapped (e.g. big-endian '>f4') array: its values in native order, then converted to `dtype` as any other
+    if not data.dtype.isnative and data.dtype.kind in "biuf": data = data.astype(data.dtype.newbyteorder("="))
     if data.dtype.kind not in "biuf" or data.dtype.itemsize > 8:
       raise TypeError(f"Tensor from a numpy array of dtype {data.dtype}: only bool, int, uint and float arrays (up to 64 bits) are supported")
     if dtype is not None and dtype is not dtypes.bfloat16 and dtypes.from_numpy(data.dtype) is not dtype: data = data.astype(dtypes.to_numpy(dtype))
