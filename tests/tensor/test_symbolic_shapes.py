@@ -128,6 +128,23 @@ def test_setitem_with_variable_bounds(device):
   np.testing.assert_array_equal(cache.numpy(), want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_creation_ops_sized_by_a_variable(device):
+  n = Variable("n", 1, 16)
+  a = rand(16, 3)
+  x = Tensor(a, device=device).realize()
+  def fn(k: int) -> np.ndarray:
+    b = n.bind(k)
+    ones = Tensor.ones(b, 3, device=device)                     # a buffer for the largest n, of which n rows are used
+    ramp = Tensor.arange(b, device=device).float().reshape(b, 1)
+    filled = Tensor.full((b, 1), 2.0, device=device, buffer=False)
+    return ((x[:b] * ones + ramp * filled).sum(0) + Tensor.arange(1, b + 1, device=device).float().sum()).numpy()
+  def want(k: int) -> np.ndarray: return (a[:k] + 2.0 * np.arange(k)[:, None]).sum(0) + np.arange(1, k + 1).sum()
+  each_value(device, (4, 16, 1, 9), fn, want)
+  with pytest.raises(TypeError, match="int start and step 1"): Tensor.arange(0, n.bind(3), 2)
+  with pytest.raises(ValueError, match="a shape must be ints >= 0 or bound Variables"): Tensor.zeros(n.bind(3), -1)
+
+
 def test_reshape_and_permute_views_are_writable():
   base = np.zeros((4, 6), np.float32)
   t = Tensor(base).contiguous().realize()

@@ -189,7 +189,9 @@ def _buffer(u: UOp) -> str | None:
 
 def _iota(u: UOp) -> str | None:
   if len(u.src) != 1 or u.src[0].op is not Ops.DEVICE: return "IOTA needs one DEVICE source"
-  if not _is_int(u.arg) or u.arg < 0: return "IOTA arg must be its length (an int >= 0)"
+  if isinstance(u.arg, UOp):  # a symbolic length: a bound Variable expression
+    if u.arg.dtype is not dtypes.index or u.arg.vmin < 0: return "IOTA's symbolic length must be an index expression >= 0"
+  elif not _is_int(u.arg) or u.arg < 0: return "IOTA arg must be its length (an int >= 0 or a bound Variable expression)"
   return None if u.dtype in dtypes.ints else "IOTA needs an integer dtype"
 
 
