@@ -110,13 +110,38 @@ def full(cls: type[Tensor], shape: Any, fill_value: Any, dtype: DTypeLike | None
   """`shape` filled with `fill_value`. With `buffer` (the default) it gets its own memory, so in-place updates of one
   filled tensor never reach another; `buffer=False` gives a broadcast constant that costs nothing."""
   from plugrad.engine.buffers import new_buffer
-  shape = check_shape(argfix(shape) if isinstance(shape, (tuple, list)) else (shape,), "full")
+  raw = argfix(shape) if isinstance(shape, (tuple, list)) else (shape,)
+  if any(isinstance(s, UOp) for s in raw): return _full_symbolic(cls, raw, fill_value, dtype, device, buffer, requires_grad)
+  shape = check_shape(raw, "full")
   dt = to_dtype(dtype) if dtype is not None else fill_value.dtype if isinstance(fill_value, UOp) else dtypes.from_py(fill_value)
   if isinstance(fill_value, np.generic): fill_value = fill_value.item()
   check_fits(fill_value, dt, "full")
   dev = canonical_device(device)
   val = const_uop(fill_value, dt, dev, shape)
   if buffer and prod(shape): val = UOp(Ops.ASSIGN, dt, (new_buffer(dev, prod(shape), dt).reshape(shape), val))
+  return _finish(cls._wrap(val), requires_grad)
+
+
+def _full_symbolic(cls: type[Tensor], shape: tuple[Any, ...], fill_value: Any, dtype: DTypeLike | None, device: str | None, buffer: bool,
+                   requires_grad: bool | None) -> Tensor:
+  """full() of a shape holding bound Variables: its buffer is sized for their largest values and the tensor is the
+  leading part of it (a shrink), filled by one kernel that takes the values."""
+  from plugrad.engine.buffers import new_buffer
+  for s in shape:
+    if isinstance(s, UOp) and (s.dtype is not dtypes.index or s.vmin < 0): raise ValueError(f"full: a symbolic size must be a bound Variable "
+                                                                                          f"expression >= 0 (dtypes.index), got {s.render()}")
+    if not isinstance(s, UOp) and (not isinstance(s, int) or isinstance(s, bool) or s < 0): raise ValueError(f"full: a shape must be ints >= 0 or "
+                                                                                                            f"bound Variables, got {shape!r}")
+  if isinstance(fill_value, UOp): raise TypeError("full: a symbolic shape takes a Python fill value")
+  dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+  if isinstance(fill_value, np.generic): fill_value = fill_value.item()
+  check_fits(fill_value, dt, "full")
+  dev = canonical_device(device)
+  val = const_uop(fill_value, dt, dev, shape)
+  if buffer:
+    size = prod(shape)
+    buf = new_buffer(dev, int(size.simplify().vmax) if isinstance(size, UOp) else size, dt)
+    val = UOp(Ops.ASSIGN, dt, (buf.shrink(((0, size),)).reshape(shape), val))
   return _finish(cls._wrap(val), requires_grad)
 
 
@@ -152,6 +177,7 @@ def arange(cls: type[Tensor], start: int | float, stop: int | float | None = Non
   it), a float anywhere the default float. With an integer `dtype` and float bounds, the float values are truncated."""
   if stop is None: start, stop = 0, start
   start, stop, step = (v.item() if isinstance(v, np.generic) else v for v in (start, stop, step))
+  if isinstance(stop, UOp): return _arange_symbolic(cls, start, stop, step, dtype, device, requires_grad)
   for v in (start, stop, step):
     if not isinstance(v, (int, float)): raise TypeError(f"arange takes int or float bounds, got {type(v).__name__} {v!r}")
   for v in (start, stop, step):
@@ -170,6 +196,19 @@ def arange(cls: type[Tensor], start: int | float, stop: int | float | None = Non
   if dtypes.is_float(dt) or not floats: ramp = cls._wrap(idx.cast(dt)) * step + start  # integers: exact, in the result dtype
   else: ramp = (cls._wrap(idx.cast(dtypes.default_float)) * step + start).cast(dt)
   return _finish(ramp.cast(dt), requires_grad)
+
+
+def _arange_symbolic(cls: type[Tensor], start: Any, stop: UOp, step: Any, dtype: DTypeLike | None, device: str | None,
+                     requires_grad: bool | None) -> Tensor:
+  """arange up to a bound Variable expression: [start, stop) with an int start and step 1, a symbolic length."""
+  if not isinstance(start, int) or isinstance(start, bool) or step != 1 or stop.dtype is not dtypes.index:
+    raise TypeError(f"arange with a Variable stop takes an int start and step 1, got start={start!r}, stop={stop.render()}, step={step!r}")
+  n = (stop - start).simplify()
+  if n.vmin < 0: raise ValueError(f"arange({start}, {stop.render()}): the stop can be below the start")
+  dt = to_dtype(dtype) if dtype is not None else dtypes.default_int
+  if dtypes.is_int(dt): check_fits(start + int(n.vmax), dt, f"arange({start}, {stop.render()})")
+  idx = UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, dtypes.void, (), canonical_device(device)),), n)
+  return _finish(cls._wrap(idx.cast(dt)) + start if start else cls._wrap(idx.cast(dt)), requires_grad)
 
 
 def linspace(cls: type[Tensor], start: int | float, stop: int | float, steps: int, dtype: DTypeLike | None = None, device: str | None = None,
