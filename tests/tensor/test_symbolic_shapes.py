@@ -210,3 +210,31 @@ def test_c_path_reruns_these(tmp_path):
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", here, "-k", "CPU and not c_path"]
   res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(here))))
   assert res.returncode == 0 and " passed" in res.stdout, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("device", ["CUDA", "AMD", "METAL"])
+def test_symbolic_kernels_render_and_compile_for_gpu_targets(device):
+  """The decode step's kernels (a cache row written at start_pos, attention over start_pos + 1 keys) are the same ASTs
+  for every position, and each renders for the GPU targets with start_pos as a kernel argument and compiles there
+  (NVRTC, clang for AMDGPU, clang's MSL syntax check): the compile tier of every device."""
+  from plugrad.codegen import get_program
+  from plugrad.device.registry import Device
+  from plugrad.engine.schedule import create_schedule
+  from plugrad.errors import DeviceError
+  try: dev = Device.offline(device)
+  except DeviceError as e: pytest.skip(f"{device}: {e}")
+  sv = Variable("start_pos", 0, 63)
+  ck = Tensor.zeros(1, 2, 64, 8, device="CPU").contiguous().realize()
+  q, k = Tensor(rand(1, 2, 1, 8), device="CPU").realize(), Tensor(rand(1, 2, 1, 8), device="CPU").realize()
+  def kernels(p: int) -> list:
+    sp = sv.bind(p)
+    write = ck[:, :, sp:sp + 1].assign(k)
+    att = (q @ ck[:, :, :sp + 1].transpose(-1, -2)).softmax(-1) @ ck[:, :, :sp + 1]
+    return [it.ast for it in create_schedule(write.uop)[0] + create_schedule(att.uop)[0] if it.kind == "kernel"]
+  first = kernels(3)
+  assert first == kernels(40) and len(first) >= 3
+  for ast in first:
+    p = get_program(ast, dev.renderer)
+    assert [v.arg[0] for v in p.vars] == ["start_pos"] and "start_pos" in p.source, p.name
+    try: dev.compiler.compile(p.source)
+    except (ImportError, FileNotFoundError, OSError) as e: pytest.skip(f"{device}'s compiler is not installed here: {e}")
