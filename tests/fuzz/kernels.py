@@ -117,6 +117,7 @@ def run_schedule(items: list[ScheduleItem], be: CPUBackend, samples: int, rng: n
   """Run `items` in order with `be`: each kernel once without actions, then on those inputs under its default actions
   and up to `samples` sampled BEAM action lists (compared with the unoptimized outputs); and the default chain."""
   res = ScheduleRun()
+  _runners.clear()  # loaded kernels are kept for one schedule (both chains and the checks share them), not a whole run
   written = {b for it in items for b in it.writes}
   for it in items:
     if it.kind != "kernel" or it.ast.op is not Ops.SINK:
@@ -132,8 +133,12 @@ def run_schedule(items: list[ScheduleItem], be: CPUBackend, samples: int, rng: n
     want = [args[s].numpy() for s in it.outs]
     lists: list[tuple[Opt, ...] | None] = [None, *sample_action_lists(it.ast, be.renderer, rng, samples)]
     for opts in lists:
+      name = "default actions" if opts is None else f"actions {list(opts)}"
       try: r = runner(be, it.ast, opts)
-      except KernelOptError: continue  # a sampled list that stopped applying (cannot happen for BEAM's own: counted out)
+      except KernelOptError: continue  # not a list BEAM would try (the enumeration applied each action): not counted
+      except Exception as e:  # an action list the optimizer accepts must lower, render and compile
+        res.mismatches.append(f"kernel {label(it)} ({be.name}) under {name} fails to build: {type(e).__name__}: {e}")
+        continue
       scratch = list(args)
       for s in it.outs:  # outputs start as a sentinel: an element the kernel forgets to write shows
         scratch[s] = Buffer.from_numpy("CPU", np.full(args[s].size, 7777, dtype=want[it.outs.index(s)].dtype))
@@ -141,7 +146,6 @@ def run_schedule(items: list[ScheduleItem], be: CPUBackend, samples: int, rng: n
       STATS["action lists"] += 1
       for s, w in zip(it.outs, want):
         if not same(got := scratch[s].numpy(), w):
-          name = "default actions" if opts is None else f"actions {list(opts)}"
           bad = int(np.argmax(~np.isclose(got, w, rtol=1e-4, atol=1e-4, equal_nan=True))) if w.dtype.kind == "f" else int(np.argmax(got != w))
           res.mismatches.append(f"kernel {label(it)} ({be.name}) under {name} [{list(r.program.applied_opts)}]: output slot {s} "
                                 f"differs from the unoptimized kernel's, first at flat index {bad}: got {got[bad]!r}, expected {w[bad]!r}")
