@@ -404,20 +404,6 @@ KNOWN_BUGS: list[KnownBug] = [
            Case("binary_crossentropy", "float32", [T([0.0, 1.0, 0.5], "float32"), T([0.0, 1.0, 0.5], "float32", False)], {"reduction": "mean"}),
            when=lambda c: _any(c, lambda v: v * (1 - v) < 1e-12, 0)),
   # ---- values
-  KnownBug("interpolate_nonfinite_input", "interpolate", "value,grad", "interpolate: a nan/inf input makes nan every output of its row, "
-           "not only those it reaches: each resized axis is a product with a weight matrix and 0·inf = nan (nearest and linear modes). "
-           "float32 [[[1, inf, 2, 3]]] to size 6, nearest: 5 of 6 outputs nan",
-           Case("interpolate", "float32", [T([[[1.0, np.inf, 2.0, 3.0]]], "float32")], {"size": (6,), "mode": "nearest", "align_corners": False}),
-           when=_nonfinite),
-  KnownBug("interpolate_float64_weights", "interpolate", "value,grad", "interpolate of float64 in 'linear' mode uses float32 weights "
-           "(_interp_matrix), relative error ~2e-7; PyTorch computes them in float64. [[[1, 2, 4, 3]]] to size 6: 2.3333335 vs 2.3333333",
-           Case("interpolate", "float64", [T([[[1.0, 2.0, 4.0, 3.0]]], "float64")], {"size": (6,), "mode": "linear", "align_corners": False}),
-           when=lambda c: c.dtype == "float64" and c.kw["mode"] == "linear"),
-  KnownBug("interpolate_uint8_rounding", "interpolate", "value", "interpolate of uint8 in 'linear' mode is off by one from PyTorch's "
-           "fixed-point bilinear result: [[[[178, 85, 0, 182], [178]*4, [178]*4]]] to (5, 2) gives 132 and 126 where PyTorch gives 131 "
-           "and 125", Case("interpolate", "uint8", [T([[[[178, 85, 0, 182], [178, 178, 178, 178], [178, 178, 178, 178]]]], "uint8", False)],
-                           {"size": (5, 2), "mode": "linear", "align_corners": False}),
-           when=lambda c: c.dtype == "uint8" and c.kw["mode"] == "linear"),
   KnownBug("conv_transpose2d_nonfinite_weight", "conv_transpose2d", "value,grad", "conv_transpose2d with stride > 1 and a nan/inf weight: "
            "outputs that weight never reaches are nan too (the input is zero-interleaved and 0·inf = nan); PyTorch leaves them finite. "
            "float32 ones((1,1,2,2)) with weight [[[[1, inf], [1, 1]]]], stride 2: 12 of 16 outputs nan, want 1",

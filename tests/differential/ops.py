@@ -152,7 +152,19 @@ def _scatter_reduce_ref(x: Any, dim: int, index: Any, src: Any, reduce: str, inc
   return x.scatter_reduce(dim, index, src[tuple(slice(0, s) for s in index.shape)], reduce, include_self=include_self)
 
 
+def _bilinear_u8(x: Any, size: Any, align_corners: bool) -> Any:
+  """PyTorch's own uint8 linear resize (the fixed-point bilinear kernel, a rounded pass per axis, the last axis first),
+  which exists only for 2-d images: one axis as a (1, W) image, three as the last two and then the first on its own."""
+  if len(size) == 1: return F.interpolate(x.unsqueeze(-2), size=(1, size[0]), mode="bilinear", align_corners=align_corners).squeeze(-2)
+  if len(size) == 2: return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=align_corners)
+  n, c, d = x.shape[:3]
+  hw = F.interpolate(x.reshape(n * c, d, *x.shape[3:]), size=tuple(size[1:]), mode="bilinear", align_corners=align_corners)
+  cols = hw.reshape(n * c, 1, d, size[1] * size[2])  # the remaining axis as an image's height, the other two as its width
+  return F.interpolate(cols, size=(size[0], size[1] * size[2]), mode="bilinear", align_corners=align_corners).reshape(n, c, *size)
+
+
 def _interp_ref(x: Any, size: Any, mode: str = "linear", align_corners: bool = False) -> Any:
+  if x.dtype == torch.uint8 and mode == "linear": return _bilinear_u8(x, size, align_corners)
   xf = _f32(x)
   tmode = {1: "linear", 2: "bilinear", 3: "trilinear"}[len(size)] if mode == "linear" else mode
   out = F.interpolate(xf, size=tuple(size), mode=tmode, align_corners=align_corners if mode == "linear" else None)

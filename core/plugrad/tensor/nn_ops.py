@@ -19,7 +19,7 @@ from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_floa
 from plugrad.helpers import argsort, prod
 from plugrad.tensor.attention import fused_attention
 from plugrad.tensor.helpers import ArgumentError, in_float32, ints, pow2_scale
-from plugrad.tensor.indexing import make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
+from plugrad.tensor.indexing import gather_axis, make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
 from plugrad.uop.shape import ShapeError, fmt
 
 if TYPE_CHECKING:
@@ -418,23 +418,30 @@ def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index
 
 # ---------------------------------------------------------------- interpolate, einsum
 
-def _interp_matrix(n_in: int, n_out: int, mode: str, align_corners: bool) -> np.ndarray:
-  """The (n_out, n_in) weights that resample one dim, with PyTorch's source coordinates (float32, as it computes them)."""
-  W = np.zeros((n_out, n_in), dtype=np.float32)
-  o = np.arange(n_out, dtype=np.float32)
+def _interp_taps(n_in: int, n_out: int, mode: str, align_corners: bool, dt: Any) -> list[tuple[np.ndarray, np.ndarray | None]]:
+  """The source rows and weights that resample one dim, as PyTorch computes them: 'linear' two taps (i0 with 1 - λ,
+  i1 = min(i0 + 1, n_in - 1) with λ; coordinates and weights in `dt`, float64 for float64 input, else float32), the
+  nearest modes one tap without a weight (coordinates in float32 for every dtype, as PyTorch's)."""
+  o = np.arange(n_out, dtype=dt)
   if mode == "linear":
-    if align_corners: src = o * np.float32((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros_like(o)
-    else: src = np.maximum((o + np.float32(0.5)) * np.float32(n_in / n_out) - np.float32(0.5), 0)
+    if align_corners: src = o * dt((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros_like(o)
+    else: src = np.maximum((o + dt(0.5)) * dt(dt(n_in) / dt(n_out)) - dt(0.5), dt(0))
     lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
-    hi = np.minimum(lo + 1, n_in - 1)
-    frac = (src - lo).astype(np.float32)
-    np.add.at(W, (np.arange(n_out), lo), 1 - frac)
-    np.add.at(W, (np.arange(n_out), hi), frac)
-  else:
-    scale = np.float32(n_in / n_out)
-    src = np.floor((o + np.float32(0.5)) * scale if mode == "nearest-exact" else o * scale).astype(np.int64)
-    W[np.arange(n_out), np.minimum(src, n_in - 1)] = 1
-  return W
+    lam = np.clip(src - lo.astype(dt), 0, 1).astype(dt)
+    return [(lo, (dt(1) - lam).astype(dt)), (np.minimum(lo + 1, n_in - 1), lam)]
+  o32, scale = np.arange(n_out, dtype=np.float32), np.float32(n_in / n_out)
+  src = np.floor((o32 + np.float32(0.5)) * scale if mode == "nearest-exact" else o32 * scale).astype(np.int64)
+  return [(np.minimum(src, n_in - 1), None)]
+
+
+def _tap(x: Tensor, rows: np.ndarray, w: np.ndarray | None, axis: int) -> Tensor:
+  """x read at `rows` along `axis` (times the weights w, one per row): a gather, not a product with a 0/1 matrix, so a
+  nan or inf reaches only the outputs that read it."""
+  from plugrad.tensor.tensor import Tensor
+  at = [1] * x.ndim
+  at[axis] = len(rows)
+  idx = Tensor(rows.astype(np.int32), device=x.device).reshape(at).expand(*x.shape[:axis], len(rows), *x.shape[axis + 1:])
+  return gather_axis(x, idx, axis) if w is None else gather_axis(x, idx, axis) * Tensor(w, device=x.device).reshape(at)
 
 
 def _interp_matrix_u8(n_in: int, n_out: int, align_corners: bool) -> tuple[np.ndarray, int]:
@@ -456,7 +463,9 @@ def _interp_matrix_u8(n_in: int, n_out: int, align_corners: bool) -> tuple[np.nd
 
 def interpolate(self: Tensor, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
   """Resize the last len(size) dims. Modes: 'linear' (bi/trilinear with more dims), 'nearest', 'nearest-exact'.
-  Each dim is a contraction with a small (out, in) weight matrix computed on the host. uint8 'linear' computes as
+  Each dim reads its source rows by a gather (one, or two weighted as PyTorch's kernels weight them, with float64 weights
+  for float64 and float32 ones otherwise; 16-bit floats compute in float32), so a nan or inf reaches only the outputs
+  that read it. uint8 'linear' computes as
   PyTorch does (fixed-point weights, last dim first, each pass rounded), so its images match PyTorch's exactly; other
   integer tensors are interpolated in float32 and truncated back (as tinygrad; PyTorch does not interpolate them)."""
   from plugrad.tensor.tensor import Tensor
@@ -476,11 +485,12 @@ def interpolate(self: Tensor, size: Sequence[int], mode: str = "linear", align_c
       acc = (x.cast(dtypes.int32).transpose(i, -1).unsqueeze(-2) * W).sum(-1, dtype=dtypes.int32).transpose(i, -1)
       x = ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
     return x
-  x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
-  for i, out in dims:
-    W = Tensor(_interp_matrix(shape[i], out, mode, align_corners), device=self.device).cast(x.dtype)  # (out, in)
-    x = x.transpose(i, -1).unsqueeze(-2)                       # (..., 1, in)
-    x = (x * W).sum(-1).transpose(i, -1)
+  # float32 for everything narrower (PyTorch's opmath: one rounding at the end), float64 as it is
+  x = self.cast(dtypes.float64 if self.dtype is dtypes.float64 else dtypes.float32)
+  dt = np.float64 if x.dtype is dtypes.float64 else np.float32
+  for i, out in reversed(dims):  # the last dim first: w0·x[i0] + w1·x[i1] nested as PyTorch's kernels nest them
+    terms = [_tap(x, rows, w, i) for rows, w in _interp_taps(shape[i], out, mode, align_corners, dt)]
+    x = terms[0] if len(terms) == 1 else terms[0] + terms[1]
   return x.cast(self.dtype)
 
 
