@@ -164,7 +164,7 @@ class Transformer:
     T = int(tokens.shape[1])
     if c.kind == "gpt2": x = self.W("wte.weight")[tokens] + self.W("wpe.weight")[sp:sp + T]
     else: x = self.W("model.embed_tokens.weight")[tokens]
-    for i in range(c.layers): x = self._layer(i, x, sp, T)
+    for i in range(c.layers): x = self._layer(i, x, sp, T).realize()  # the cache writes realize each layer: keep the graph one layer deep
     if last: x = x[:, -1, :]
     if c.kind == "gpt2": return (_norm(x, self.W("ln_f.weight"), self.W("ln_f.bias"), c.norm_eps) @ self.W("wte.weight").T).contiguous()
     return (_norm(x, self.W("model.norm.weight"), None, c.norm_eps) @ self.W("lm_head.weight").T).contiguous()
