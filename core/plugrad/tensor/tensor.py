@@ -292,11 +292,13 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if is_buffer_form(target): self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     elif _is_view_of_buffer(target):
       # a view that names each element of the buffer at most once (no EXPAND; no PAD, whose padding is no memory): the
-      # kernel stores into the region only. The base tensor sees the write once this tensor is realized
+      # kernel stores into the region only. Realized now: the base tensor holds only its buffer, so a lazy write would
+      # be invisible to it (a stale read of a KV cache); tensors built from the old contents are computed first
       if (bad := next((u.op for u in _view_chain(target) if u.op not in _WRITABLE_VIEW), None)) is not None:
         raise ValueError(f"assign to a view through {bad.name} of a buffer: only reshape, shrink (slicing), permute and flip views "
                          "can be written in place")
       self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
+      self.realize()
     else: self.uop = x.uop
     return self
 
