@@ -7,6 +7,8 @@ user's secret is a miss. Refusals never fail a compile: they warn (`CacheWarning
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import os
@@ -28,6 +30,7 @@ class CacheWarning(UserWarning):
 
 _warned: set[str] = set()
 _secrets: dict[tuple[int, Path], bytes] = {}
+_no_secret: set[tuple[int, Path]] = set()  # directories whose secret could not be made or read: not retried per lookup
 _lock = threading.Lock()
 
 
@@ -82,29 +85,42 @@ def _read_secret(p: Path) -> bytes | None:
 
 
 def secret(d: Path) -> bytes | None:
-  """The per-user HMAC key kept in cache directory `d` (made on first use); None (warned) when it is not private."""
+  """The per-user HMAC key kept in cache directory `d` (made on first use); None (warned) when it is not private or
+  cannot be made (a full or read-only disk). A failure is remembered for this process, so each cache lookup does not
+  try again (and leave another file behind)."""
   k = (os.getpid(), d)
   if (s := _secrets.get(k)) is not None: return s
+  if k in _no_secret: return None
   p = d / SECRET_NAME
   try:
-    if not os.path.lexists(p):
-      # written aside and linked into place: a concurrent process sees either no secret or all of it
-      tmp = d / f"{SECRET_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-      try: os.write(fd, os.urandom(SECRET_BYTES))
-      finally: os.close(fd)
-      try: os.link(tmp, p)
-      except FileExistsError: pass
-      finally: os.unlink(tmp)
+    if not os.path.lexists(p): _write_secret(d, p)
     s = _read_secret(p)
   except OSError as e:
+    _no_secret.add(k)
     _refuse(d, f"has no usable secret {p} ({type(e).__name__}: {e})")
     return None
   if s is None:
+    _no_secret.add(k)
     _refuse(d, f"has a secret {p} that is not a private {SECRET_BYTES}-byte file of this user (delete it to make a new one)")
     return None
   _secrets[k] = s
   return s
+
+
+def _write_secret(d: Path, p: Path) -> None:
+  """Make the secret: written aside and linked into place, so a concurrent process sees either no secret or all of
+  it; the file aside is removed whatever fails (a full disk fails the write, the link or even the close)."""
+  tmp = d / f"{SECRET_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+  try:
+    try:
+      data = os.urandom(SECRET_BYTES)
+      if (n := os.write(fd, data)) != len(data): raise OSError(errno.ENOSPC, f"wrote {n} of the secret's {len(data)} bytes (is the disk full?)")
+    finally: os.close(fd)
+    try: os.link(tmp, p)
+    except FileExistsError: pass  # another process made it first: theirs is used
+  finally:
+    with contextlib.suppress(OSError): os.unlink(tmp)
 
 
 def digest(key: bytes, *parts: bytes) -> bytes:

@@ -17,7 +17,9 @@ class CPUCompiler(Compiler):
   def __repr__(self) -> str: return f"<CPUCompiler {self.toolchain.cc[0]} ({self.toolchain.version})>"
 
   def compile(self, src: str) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="plugrad-cpu-") as d:
+    try: tmp = tempfile.TemporaryDirectory(prefix="plugrad-cpu-")
+    except OSError as e: raise CompileError(f"no temporary directory for {self.toolchain.cc[0]}'s output ({e}); TMPDIR full or read-only?") from None
+    with tmp as d:
       out = os.path.join(d, "kernel.so")
       try: res = self.toolchain.run(src, out)
       except (OSError, subprocess.TimeoutExpired) as e: raise CompileError(f"running {self.toolchain.cc[0]} failed: {e}") from None

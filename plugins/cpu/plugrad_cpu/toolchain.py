@@ -75,10 +75,19 @@ class Toolchain:
     return subprocess.run([*self.cc, *self.flags, *extra, "-x", "c", "-", "-o", out, "-lm"], input=src, capture_output=True, text=True, timeout=300)
 
 
-def _compiles(cc: list[str], flags: tuple[str, ...], src: str) -> bool:
-  with tempfile.TemporaryDirectory(prefix="plugrad-cpu-") as d:
-    res = subprocess.run([*cc, *flags, "-x", "c", "-", "-o", os.path.join(d, "t.so")], input=src, capture_output=True, text=True, timeout=120)
-    return res.returncode == 0
+def _build_error(cc: list[str], flags: tuple[str, ...], src: str) -> str | None:
+  """None when `src` builds into a shared object, else what went wrong in the compiler's own words (its last lines:
+  "No space left on device" from a full TMPDIR is the cause, not the flags)."""
+  try:
+    with tempfile.TemporaryDirectory(prefix="plugrad-cpu-") as d:
+      res = subprocess.run([*cc, *flags, "-x", "c", "-", "-o", os.path.join(d, "t.so")], input=src, capture_output=True, text=True, timeout=120)
+  except (OSError, subprocess.TimeoutExpired) as e: return f"{type(e).__name__}: {e}"
+  if res.returncode == 0: return None
+  lines = [ln.strip() for ln in (res.stderr or res.stdout).strip().splitlines() if ln.strip()]
+  return " / ".join(lines[-4:]) or f"exit status {res.returncode}"
+
+
+def _compiles(cc: list[str], flags: tuple[str, ...], src: str) -> bool: return _build_error(cc, flags, src) is None
 
 
 _F16 = "_Float16 f(float x, _Float16 y) { return (_Float16)x * y; } float g(_Float16 x) { return (float)x; }\n"
@@ -92,8 +101,8 @@ def _detect(cc: tuple[str, ...]) -> Toolchain:
   if ver.returncode != 0: raise DeviceUnavailableError(f"{NO_COMPILER}: `{cc[0]} --version` failed: {ver.stderr.strip()[:300]}")
   flags: tuple[str, ...] = BASE_FLAGS + ("-march=native",)
   if not _compiles(list(cc), flags, "int f(void) { return 0; }\n"): flags = BASE_FLAGS  # a compiler/target without -march=native
-  if not _compiles(list(cc), flags, "int f(void) { return 0; }\n"):
-    raise DeviceUnavailableError(f"{cc[0]} cannot build a shared object with {' '.join(flags)}")
+  if (why := _build_error(list(cc), flags, "int f(void) { return 0; }\n")) is not None:
+    raise DeviceUnavailableError(f"{cc[0]} cannot build a shared object with {' '.join(flags)}: {why}")
   dm = subprocess.run([*cc, *[f for f in flags if f.startswith(("-m", "-O"))], "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
                       text=True, timeout=60)
   macros = frozenset(line.split()[1] for line in dm.stdout.splitlines() if line.startswith("#define "))

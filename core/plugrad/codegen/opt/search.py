@@ -14,6 +14,7 @@ Timing needs the device layer (buffers, compiler, runtime), which sits above the
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -87,6 +88,7 @@ def _cache_name(k: Scheduler, width: int) -> str:
 # an entry is "<HMAC hex>\n<JSON>" (plugrad/diskcache.py); anything else, bigger or nested deeper is a miss: a hostile
 # or damaged file must not cost more than a read, nor crash the run (json recurses per nesting level)
 _MAX_ENTRY, _MAX_DEPTH = 64 << 10, 4
+_STALE_TMP_S = 600  # a BEAM cache .tmp this old belongs to a writer that died (a write takes milliseconds)
 
 
 def _depth(text: str) -> int:
@@ -122,15 +124,23 @@ def _store(k: Scheduler, width: int, opts: list[Opt]) -> None:
     path.parent.mkdir(mode=0o700, exist_ok=True)
     body = json.dumps([[o.op.name, o.axis, o.amount] for o in opts]).encode()
     tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
-    tmp.write_bytes(diskcache.digest(key, name.encode(), body).hex().encode() + b"\n" + body)
-    tmp.replace(path)
+    try:
+      tmp.write_bytes(diskcache.digest(key, name.encode(), body).hex().encode() + b"\n" + body)
+      tmp.replace(path)
+    finally: tmp.unlink(missing_ok=True)  # a full disk fails the write after creating the file: leave nothing behind
     _evict(path.parent, diskcache.cap_bytes())
   except OSError as e:
     if DEBUG >= 1: print(f"BEAM: could not write the cache {path}: {e}", file=sys.stderr)
 
 
 def _evict(beam: Path, cap: int) -> None:
-  """Remove the least recently used entries (by mtime, touched on each hit) until the directory fits in `cap` bytes."""
+  """Remove the least recently used entries (by mtime, touched on each hit) until the directory fits in `cap` bytes,
+  and the .tmp files of writers that died between writing and renaming (older than _STALE_TMP_S)."""
+  now = time.time()
+  for e in os.scandir(beam):
+    if e.name.endswith(".tmp"):
+      with contextlib.suppress(OSError):
+        if now - e.stat().st_mtime > _STALE_TMP_S: os.unlink(e.path)
   entries = sorted((e.stat().st_mtime, e.stat().st_size, e.path) for e in os.scandir(beam) if e.name.endswith(".json"))
   excess = sum(size for _, size, _ in entries) - cap
   for _, size, p in entries:
