@@ -144,3 +144,19 @@ def test_nll_loss_keeps_half(dt):
   loss = logp.nll_loss(y)
   assert loss.dtype is dt and _np(loss) == pytest.approx(2.0, rel=1e-2)
   assert Tensor([[-1.0, -2.0]]).nll_loss(Tensor([1])).dtype is dtypes.float32
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=str)
+def test_half_matmul_kernel_takes_half_tensor_cores(dt):
+  # the float32 casts sit on the factors, where the TC action looks through them: half inputs, float32 accumulator
+  from plugrad.builtin.python_renderer import PythonRenderer
+  from plugrad.codegen import get_program
+  from plugrad.codegen.opt import OptOps
+  from plugrad.engine.schedule import create_schedule
+  from plugrad.uop.ops import Ops
+  renderer = PythonRenderer("PYTHON", emulate="CUDA")
+  if not any(tc.dtype_in is dt and tc.dtype_out is dtypes.float32 for tc in renderer.tensor_cores): pytest.skip(f"no {dt} tensor core")
+  a, b = Tensor.empty(32, 64, dtype=dt, device="PYTHON"), Tensor.empty(64, 32, dtype=dt, device="PYTHON")
+  items, _ = create_schedule((a @ b).uop)
+  prg = get_program([it for it in items if it.kind == "kernel"][-1].ast, renderer)
+  assert prg.applied_opts[0].op is OptOps.TC and any(u.op is Ops.WMMA for u in prg.uops), prg.applied_opts
