@@ -1,7 +1,8 @@
 """`python -m plugrad`: what is installed and does it work.
 
   python -m plugrad plugins [--json]          every backend plugin: distribution, version, API, status, devices
-  python -m plugrad devices [--json] [NAME..] every device (or the named ones): PASS/FAIL of the smoke kernel
+  python -m plugrad devices [--json] [NAME..] every device (or the named ones): PASS/FAIL of the smoke kernel, UNAVAILABLE
+                                              where the device is absent here (no driver or hardware: the probe's reason)
   python -m plugrad viz [--port N] [TRACE]     serve a VIZ trace as a local web page (docs/viz.md)
   python -m plugrad replay record|check ...    process replay: record get_program inputs, regenerate and diff (docs/replay.md)
   python -m plugrad export SCRIPT:FUNC --target c|webgpu --out DIR   a model as standalone C or WebGPU (docs/export.md)
@@ -12,11 +13,12 @@
                                               tier is reported skipped with the probe's reason (a failure if --tiers names run)
   python -m plugrad new-backend NAME [--out DIR]   a plugin skeleton DIR/plugrad-<name>/ for device NAME (upper-cased)
 
-A plugin's status is `active`, `conflict: <name> is also claimed by ...` (its other devices work), `failed: <why>` or
+A plugin's status is `active`, `unavailable here: <the probe's reason>` (loaded, but none of its devices can be used on this
+machine: no driver, no hardware), `conflict: <name> is also claimed by ...` (its other devices work), `failed: <why>` or
 `blocked (<why>)`.
 
 Exit status: 0 when nothing failed; 1 when a plugin failed or conflicts under PLUGRAD_STRICT_PLUGINS=1 (`plugins`), a device that
-is usable here (or was named) fails its smoke test (`devices`), or a conformance test fails or a declared failure passes
+is usable here fails its smoke test or a named device fails or is unavailable (`devices`), or a conformance test fails or a declared failure passes
 (`conformance`); 2 for bad arguments (an unknown device name or tier, a name that cannot be a device, a skeleton directory that
 exists, pytest missing for `conformance`).
 """
@@ -37,7 +39,7 @@ from plugrad.device.smoke import SmokeResult, run_smoke
 from plugrad.errors import DeviceError, InvalidDeviceStringError, UnknownDeviceError
 from plugrad.helpers import SettingsError
 from plugrad.plugin.hookspecs import API_VERSION, parse_device
-from plugrad.plugin.manager import PluginWarning, core_version
+from plugrad.plugin.manager import PluginRecord, PluginWarning, core_version
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -52,11 +54,15 @@ def cmd_plugins(as_json: bool) -> int:
   conflicts = sorted(mgr.conflicts())
   if as_json:
     print(json.dumps({"plugrad": core_version(), "api": f"{API_VERSION[0]}.{API_VERSION[1]}", "strict": mgr.strict,
-                      "plugins": [r.as_dict() for r in records]}, indent=2))
+                      "plugins": [{**r.as_dict(), "unavailable": _unavailable(r)} for r in records]}, indent=2))
   else:
     rows = [["NAME", "DISTRIBUTION", "VERSION", "API", "DEVICES", "STATUS"]]
     for r in records:
       status = f"blocked ({r.reason})" if r.status == "blocked" else r.status_text
+      if r.status == "active" and (absent := _unavailable(r)):
+        reasons = list(dict.fromkeys(absent.values()))
+        status = (f"unavailable here: {'; '.join(reasons)}" if len(absent) == len(r.specs) else
+                  "active; " + "; ".join(f"{d} unavailable here: {why}" for d, why in absent.items()))
       rows.append([r.name, r.distribution, r.version, r.api, ", ".join(r.devices) or "-", status])
     print(f"plugrad {core_version()}, plugin API {API_VERSION[0]}.{API_VERSION[1]}")
     print(_table(rows))
@@ -65,6 +71,18 @@ def cmd_plugins(as_json: bool) -> int:
       print(f"\n{len(conflicts)} device name(s) claimed by more than one plugin ({', '.join(conflicts)}): using one raises PluginConflictError; "
             "choose a plugin with PLUGRAD_PLUGINS or uninstall one.")
   return 1 if (failed or conflicts) and mgr.strict else 0
+
+
+def _unavailable(rec: PluginRecord) -> dict[str, str]:
+  """{device: the probe's reason} for the devices of an active plugin that cannot be used here (a probe that raises is
+  a failure, shown by `devices`, not an absence)."""
+  if rec.status != "active": return {}
+  out = {}
+  for s in rec.specs:
+    try: reason = Device.manager.probe(s.name)
+    except (DeviceError, SettingsError): continue
+    if reason is not None: out[s.name] = reason
+  return out
 
 
 def _device_row(name: str) -> tuple[dict[str, Any], bool]:
@@ -85,7 +103,7 @@ def _device_row(name: str) -> tuple[dict[str, Any], bool]:
     return row, True
   row.update(available=reason is None, probe=reason)
   if reason is not None:
-    row.update(SmokeResult(name, False, f"unavailable: {reason}", stage="device").as_dict())
+    row.update(SmokeResult(name, False, f"unavailable here: {reason}", stage="device", absent=True).as_dict())
     return row, False
   row.update(run_smoke(name).as_dict())
   return row, True
@@ -110,7 +128,7 @@ def cmd_devices(as_json: bool, names: Sequence[str]) -> int:
     row, counts = _device_row(name)
     row["default"] = name == default
     rows.append(row)
-    failed |= row["smoke"] == "FAIL" and (counts or bool(names))
+    failed |= (row["smoke"] == "FAIL" and counts) or (row["smoke"] != "PASS" and bool(names))
   rows.sort(key=lambda r: (-r.get("priority", -(10**9)), r["device"]))
   if as_json:
     print(json.dumps({"default": default, "default_error": default_error, "default_fallback": fallback, "devices": rows}, indent=2))

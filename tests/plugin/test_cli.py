@@ -51,6 +51,20 @@ def test_plugins_table_and_strict_exit_status(use_manager, capsys):
   assert rc == 1 and "failed: importing" in out
 
 
+def test_plugins_tell_absent_hardware_from_active(use_manager, capsys):
+  two = PyClone("GPUY", "GPUZ", probe=lambda: "no GPUY driver")
+  use_manager(manager(FakeEntryPoint("gpux", PyClone("GPUX", probe=lambda: "no GPUX driver (install gpux-driver)"), dist="plugrad-gpux"),
+                      FakeEntryPoint("half", PyClone("HERE"), dist="plugrad-half"), FakeEntryPoint("two", two, dist="plugrad-two")))
+  rc, out, _ = run(capsys, "plugins")
+  rows = {ln.split()[0]: ln for ln in out.splitlines()[2:] if ln.strip()}
+  assert rc == 0 and rows["gpux"].endswith("unavailable here: no GPUX driver (install gpux-driver)") and "active" not in rows["gpux"]
+  assert rows["two"].endswith("unavailable here: no GPUY driver") and rows["half"].endswith("active") and rows["builtin"].endswith("active")
+  rc, out, _ = run(capsys, "plugins", "--json")
+  by = {p["name"]: p for p in json.loads(out)["plugins"]}
+  assert by["gpux"]["status"] == "active" and by["gpux"]["unavailable"] == {"GPUX": "no GPUX driver (install gpux-driver)"}
+  assert by["half"]["unavailable"] == {}
+
+
 def test_devices_json(use_manager, capsys):
   use_manager(plugin_set(DEV="clone"))
   rc, out, _ = run(capsys, "devices", "--json")
@@ -60,8 +74,9 @@ def test_devices_json(use_manager, capsys):
   assert [d["device"] for d in rep["devices"]] == ["GPUX", "PYTHON", "CLONE", "NULL"]  # by priority
   assert by["PYTHON"]["smoke"] == "PASS" and by["PYTHON"]["computed"] is True and by["CLONE"]["smoke"] == "PASS"
   assert by["NULL"]["smoke"] == "PASS" and by["NULL"]["computed"] is False and "computes nothing" in by["NULL"]["detail"]
-  assert by["GPUX"]["smoke"] == "FAIL" and by["GPUX"]["available"] is False and by["GPUX"]["probe"] == "no GPUX driver (install gpux-driver)"
-  assert by["GPUX"]["detail"] == "unavailable: no GPUX driver (install gpux-driver)"
+  # absent here is not broken: its own word, not FAIL, and no failing exit status when it was not named
+  assert by["GPUX"]["smoke"] == "UNAVAILABLE" and by["GPUX"]["available"] is False and by["GPUX"]["probe"] == "no GPUX driver (install gpux-driver)"
+  assert by["GPUX"]["detail"] == "unavailable here: no GPUX driver (install gpux-driver)"
 
 
 def test_devices_table_and_exit_status(use_manager, capsys):
@@ -69,7 +84,7 @@ def test_devices_table_and_exit_status(use_manager, capsys):
   rc, out, _ = run(capsys, "devices", "python")
   assert rc == 0 and "PYTHON*" in out and "PASS" in out and "default device: PYTHON (highest-priority available device)" in out
   rc, out, _ = run(capsys, "devices", "GPUX")  # a device named explicitly must pass
-  assert rc == 1 and "FAIL" in out and "no GPUX driver" in out
+  assert rc == 1 and "UNAVAILABLE" in out and "FAIL" not in out and "unavailable here: no GPUX driver" in out
   rc, _, err = run(capsys, "devices", "CUDA")
   assert rc == 2 and "pip install plugrad-cuda" in err
 

@@ -67,9 +67,10 @@ class SmokeResult:
   stage: str = ""
   seconds: float | None = None
   error: str = ""
+  absent: bool = False  # not run: the device is unavailable here (no driver, no hardware), which is not a failure of it
 
   @property
-  def verdict(self) -> str: return "PASS" if self.passed else "FAIL"
+  def verdict(self) -> str: return "UNAVAILABLE" if self.absent else "PASS" if self.passed else "FAIL"
 
   def as_dict(self) -> dict[str, object]:
     return {"device": self.device, "smoke": self.verdict, "detail": self.detail, "computed": self.computed, "stage": self.stage or None,

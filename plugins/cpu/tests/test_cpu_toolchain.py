@@ -65,10 +65,10 @@ def test_without_a_compiler_the_device_says_why(tmp_path):
   cli = subprocess.run([sys.executable, "-m", "plugrad", "devices", "--json", "CPU"], capture_output=True, text=True, timeout=300,
                        env=no_cc)
   dev = json.loads(cli.stdout)["devices"][0]
-  assert cli.returncode == 1 and dev["smoke"] == "FAIL" and dev["probe"] == "no C compiler found (install clang or gcc, or set CC)"
+  assert cli.returncode == 1 and dev["smoke"] == "UNAVAILABLE" and dev["probe"] == "no C compiler found (install clang or gcc, or set CC)"
   table = subprocess.run([sys.executable, "-m", "plugrad", "devices"], capture_output=True, text=True, timeout=300,
                          env=no_cc)
-  assert any(line.startswith("CPU") and "FAIL" in line and "no C compiler found" in line for line in table.stdout.splitlines()), table.stdout
+  assert any(line.startswith("CPU") and "UNAVAILABLE" in line and "no C compiler found" in line for line in table.stdout.splitlines()), table.stdout
 
 
 def test_toolchain_raises_typed_error_without_compiler(monkeypatch):
