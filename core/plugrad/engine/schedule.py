@@ -349,6 +349,7 @@ class _Kernel:
     src = u.src[0] if u.src else None
     if op is Ops.RESHAPE:
       assert src is not None
+      if (mapped := _symbolic_reshape(_shape(u), _shape(src), idxs)) is not None: return self.value(src, mapped, valid)
       flat = sum((i * s for i, s in zip(idxs, _strides(_shape(u)))), UOp.const(dtypes.index, 0))
       sshape = _shape(src)
       new = tuple(UOp.const(dtypes.index, 0) if d == 1 else (flat // st) % d if j else flat // st
@@ -393,6 +394,35 @@ class _Kernel:
       inner = self.value(x, idxs[:u.arg] + (row,) + idxs[u.arg + 1:], ok if valid is None else valid & ok)
       return ok.where(inner, inner.const_like(0))
     raise ScheduleError(f"cannot put a {op.name} into a kernel (shape {u.shape})")
+
+
+def _same_dim(a: sint, b: sint) -> bool:
+  if isinstance(a, int) and isinstance(b, int): return a == b
+  return isinstance(a, UOp) and isinstance(b, UOp) and (a is b or a.simplify() is b.simplify())
+
+
+def _symbolic_reshape(shape: tuple[sint, ...], sshape: tuple[sint, ...], idxs: tuple[UOp, ...]) -> tuple[UOp, ...] | None:
+  """The source indices of a reshape with a symbolic size (None for concrete reshapes, which keep the flat form): the
+  dims both shapes share as a leading and a trailing run (unit dims aside) pass their index through; only the dims
+  between are flattened and split. Flattening a dim of symbolic size leaves a division and modulo by a Variable that
+  the simplifier cannot undo (attention over n cached keys read its keys at (i*n + j) // n % 4 ...)."""
+  if all(isinstance(d, int) for d in (*shape, *sshape)): return None
+  out = [i for i, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
+  src = [i for i, d in enumerate(sshape) if not (isinstance(d, int) and d == 1)]
+  k = 0
+  while k < min(len(out), len(src)) and _same_dim(shape[out[k]], sshape[src[k]]): k += 1
+  m = 0
+  while m < min(len(out), len(src)) - k and _same_dim(shape[out[-1 - m]], sshape[src[-1 - m]]): m += 1
+  zero = UOp.const(dtypes.index, 0)
+  new: list[UOp] = [zero] * len(sshape)
+  for a, b in zip(out[:k] + out[len(out) - m:], src[:k] + src[len(src) - m:]): new[b] = idxs[a]
+  mid_out, mid_src = out[k:len(out) - m], src[k:len(src) - m]
+  if mid_src:
+    if any(not isinstance(d, int) for d in (*(shape[i] for i in mid_out), *(sshape[i] for i in mid_src))): return None  # flatten it all
+    flat = sum((idxs[i] * st for i, st in zip(mid_out, _strides(tuple(shape[i] for i in mid_out)))), zero)
+    for j, (i, st) in enumerate(zip(mid_src, _strides(tuple(sshape[i] for i in mid_src)))):
+      new[i] = ((flat // st) % sshape[i] if j else flat // st).simplify()
+  return tuple(new)
 
 
 def _kernel_name(shape: tuple[sint, ...], has_reduce: bool) -> str:
