@@ -1,7 +1,9 @@
 """Export the digits CNN (examples/train_digits.py) as a standalone C library and as a WebGPU page (docs/export.md).
 
 It loads the weights train_digits.py saved (or trains briefly when there are none), checks the model on the held-out
-digits, exports it for both targets with `plugrad.export.export_model`, and prints how to build and run each.
+digits, exports it for both targets with `plugrad.export.export_model` with held-out digits the model classifies
+correctly as the sample input (a misclassified one only when too few are right, and then it says so), and prints how to
+build and run each; the built `model_main` prints its prediction for them.
 
   python examples/export_digits.py                      # weights from train_digits.py's default path, else a short training
   python examples/export_digits.py --train-steps 60     # always train (briefly) first
@@ -67,18 +69,24 @@ def main() -> int:
     train(model, x_tr, y_tr, epochs=1, batch_size=32, lr=1e-2, max_batches=steps, seed=0)
   Tensor.training = False
   to_device(model, "CPU")
-  acc = float((model(Tensor(x_te, device="CPU")).argmax(-1).numpy() == y_te).mean())
-  print(f"test accuracy {acc:.2%} on {len(y_te)} held-out digits")
+  pred = model(Tensor(x_te, device="CPU")).argmax(-1).numpy()
+  print(f"test accuracy {float((pred == y_te).mean()):.2%} on {len(y_te)} held-out digits")
+  # the sample: digits the model gets right, so that the exported program's answer can be checked against the label
+  right = np.flatnonzero(pred == y_te)
+  idx = right[:args.batch] if len(right) >= args.batch else np.arange(args.batch)
+  for i in idx:
+    note = "" if pred[i] == y_te[i] else "  (misclassified: fewer than --batch digits are classified correctly; train longer)"
+    print(f"  sample: held-out digit #{i}, label {y_te[i]}, the model predicts {pred[i]}{note}")
 
   out = Path(args.out)
-  sample = x_te[:args.batch]
+  sample = x_te[idx]
   e = export_model(model, Tensor(sample, device="CPU"), target="c", out_dir=out / "c")
   sample.tofile(out / "c" / "digit.bin")
-  np.asarray(y_te[:args.batch], np.int32).tofile(out / "c" / "label.bin")
+  np.asarray(y_te[idx], np.int32).tofile(out / "c" / "label.bin")
   print(f"\nC: {len(e.captured.launches)} kernel launches -> {out / 'c'} ({', '.join(p.name for p in e.files)})")
   print(f"  cd {out / 'c'} && make && ./model_main digit.bin logits.bin          # add OPENMP=1 to make for threads")
-  print("  python -c \"import numpy as np; print(np.fromfile('logits.bin', np.float32)"
-        f".reshape({args.batch}, 10).argmax(-1))\"   # the predicted digits; labels: {y_te[:args.batch].tolist()}")
+  print(f"  model_main prints the predicted digit(s), the argmax of the logits: {' '.join(str(int(p)) for p in pred[idx])} "
+        f"(labels {' '.join(str(int(y)) for y in y_te[idx])})")
 
   if (why := Device.manager.probe("WEBGPU")) is not None:
     print(f"\nWebGPU: skipped, the WEBGPU device is unavailable here: {why}")

@@ -1,6 +1,7 @@
 """Run one kernel through plugrad's whole device path on the default device (DEV=... to choose another).
 
-Until the Tensor frontend lands, kernels are written as LINEAR programs (docs/ir.md, stage 3): here
+The kernels are written by hand as LINEAR programs (docs/ir.md, stage 3), below the Tensor frontend that normally makes
+them (`from plugrad import Tensor`; README, "A tour"), to show what a backend receives: here
 y[i] = a * x[i] + y[i] over 1,000 float32s, then the conformance suite's row sum with a register accumulator. Each is made into a PROGRAM
 UOp, rendered, compiled (through the on-disk cache) and run by the device's plugin, and checked against numpy.
 """

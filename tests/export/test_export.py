@@ -116,6 +116,10 @@ def test_c_digits_cnn_make_and_main_match_plugrad(tmp_path):
   res = subprocess.run(["./model_main", "x.bin", "y.bin"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=clean_env())
   assert res.returncode == 0, res.stderr
   check(np.fromfile(tmp_path / "y.bin", np.float32).reshape(want.shape), want)
+  # the runner says what it wrote and, for float32 logits, the prediction: the argmax of each row
+  line = res.stdout.strip()
+  assert line.startswith(f"output 0 '{e.captured.outputs[0].name}': float32[4, 10] -> y.bin; argmax over the last axis"), line
+  assert line.split(":")[-1].split() == [str(int(v)) for v in want.argmax(-1)], line
   # a missing weights file and one of another model are refused with the reason
   res = subprocess.run(["./model_main", "-w", "nope.safetensors", "x.bin", "y.bin"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
   assert res.returncode == 1 and "cannot open the weights file nope.safetensors" in res.stderr
@@ -279,3 +283,12 @@ def test_example_exports_the_digits_cnn(tmp_path):
   assert res.returncode == 0, res.stdout + res.stderr
   assert "C: 6 kernel launches" in res.stdout and (tmp_path / "c" / "model.c").exists() and (tmp_path / "c" / "digit.bin").exists()
   assert "WebGPU:" in res.stdout
+  # the exported sample is classified correctly (3 steps of training get far more than 2 of the held-out digits right),
+  # and the built runner prints that prediction
+  samples = [ln for ln in res.stdout.splitlines() if ln.strip().startswith("sample: held-out digit")]
+  assert len(samples) == 2 and not any("misclassified" in s for s in samples), res.stdout
+  labels = np.fromfile(tmp_path / "c" / "label.bin", np.int32).tolist()
+  assert [int(s.split("label ")[1].split(",")[0]) for s in samples] == labels
+  assert subprocess.run(["make", f"CC={cc()}"], cwd=tmp_path / "c", capture_output=True, text=True, timeout=300).returncode == 0
+  run = subprocess.run(["./model_main", "digit.bin", "logits.bin"], cwd=tmp_path / "c", capture_output=True, text=True, timeout=120, env=clean_env())
+  assert run.returncode == 0 and run.stdout.strip().split(":")[-1].split() == [str(y) for y in labels], run.stdout + run.stderr

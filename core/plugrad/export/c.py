@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugrad.device.registry import Device
-from plugrad.dtype import DType, dtypes
+from plugrad.dtype import INVERSE_NAMES, DType, dtypes
 from plugrad.export import c_runtime
-from plugrad.export.common import ALIGN, ST_DTYPES, Captured, Copy, ExportError, Launch, safetensors_bytes
+from plugrad.export.common import ALIGN, ST_DTYPES, Captured, Copy, ExportError, Launch, Storage, safetensors_bytes
 from plugrad.plugin.hookspecs import parse_device
 from plugrad.renderer.cstyle import CStyleRenderer, c_identifier
 
@@ -84,6 +84,14 @@ def _ctype(dt: DType) -> str:
 
 
 def _c_str(s: str) -> str: return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _desc(s: Storage) -> str: return f"'{s.name}': {INVERSE_NAMES.get(s.dtype, s.dtype.name)}[{', '.join(map(str, s.shape))}]"
+
+
+def _f32_last(s: Storage) -> int:
+  last = s.shape[-1] if s.shape else 0
+  return last if s.dtype is dtypes.float32 and isinstance(last, int) and last > 0 else 0
 
 
 def generate(cap: Captured, embed_weights: bool = False) -> dict[str, str | bytes]:
@@ -171,6 +179,9 @@ def generate(cap: Captured, embed_weights: bool = False) -> dict[str, str | byte
   header += [
     "", "extern const size_t model_input_bytes[MODEL_NUM_INPUTS + 1], model_output_bytes[MODEL_NUM_OUTPUTS + 1];",
     "extern const char *const model_var_names[MODEL_NUM_VARS + 1];",
+    "/* each output as text (\"'name': dtype[shape]\"), and its last axis' length when it is float32 (else 0): model_main prints",
+    "   the argmax over it, a classifier's prediction */",
+    "extern const char *const model_output_desc[MODEL_NUM_OUTPUTS + 1];", "extern const int64_t model_output_f32_last[MODEL_NUM_OUTPUTS + 1];",
     "extern const int64_t model_var_min[MODEL_NUM_VARS + 1], model_var_max[MODEL_NUM_VARS + 1], model_var_default[MODEL_NUM_VARS + 1];", "",
     "/* Load the weights (a safetensors file; NULL: " + ("the embedded weights" if embed_weights else "MODEL_WEIGHTS_FILE") + ") and allocate the",
     "   scratch memory. 0 on success, else -1 and model_error() says why. Calling it again reloads. */",
@@ -196,6 +207,8 @@ def generate(cap: Captured, embed_weights: bool = False) -> dict[str, str | byte
     f"const size_t model_input_bytes[MODEL_NUM_INPUTS + 1] = {arr([str(s.nbytes) for s in cap.inputs])};",
     f"const size_t model_output_bytes[MODEL_NUM_OUTPUTS + 1] = {arr([str(s.nbytes) for s in cap.outputs])};",
     f"const char *const model_var_names[MODEL_NUM_VARS + 1] = {arr([_c_str(v.name) for v in cap.vars])};",
+    f"const char *const model_output_desc[MODEL_NUM_OUTPUTS + 1] = {arr([_c_str(_desc(s)) for s in cap.outputs])};",
+    f"const int64_t model_output_f32_last[MODEL_NUM_OUTPUTS + 1] = {arr([str(_f32_last(s)) for s in cap.outputs])};",
     f"const int64_t model_var_min[MODEL_NUM_VARS + 1] = {arr([str(v.lo) for v in cap.vars])};",
     f"const int64_t model_var_max[MODEL_NUM_VARS + 1] = {arr([str(v.hi) for v in cap.vars])};",
     f"const int64_t model_var_default[MODEL_NUM_VARS + 1] = {arr([str(v.value) for v in cap.vars])};", "",

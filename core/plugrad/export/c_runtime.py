@@ -244,6 +244,16 @@ int main(int argc, char **argv) {
       return 1;
     }
     fclose(f);
+    printf("output %d %s -> %s", i, model_output_desc[i], files[MODEL_NUM_INPUTS + i]);
+    int64_t last = model_output_f32_last[i], rows = last ? (int64_t)(model_output_bytes[i] / 4) / last : 0;
+    if (rows) printf("; argmax over the last axis (a classifier's prediction):");
+    for (int64_t r = 0; r < rows && r < 32; r++) {  /* the first NaN wins, else the first largest value */
+      const float *row = (const float *)out[i] + r * last;
+      int64_t best = 0;
+      for (int64_t j = 1; j < last; j++) if (row[best] == row[best] && (row[j] != row[j] || row[j] > row[best])) best = j;
+      printf(" %lld", (long long)best);
+    }
+    printf("%s\n", rows > 32 ? " ..." : "");
   }
   model_free();
   return 0;
