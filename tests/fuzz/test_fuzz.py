@@ -10,7 +10,6 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pytest
 
-from plugrad.codegen.linearize import LinearizeError
 from plugrad.engine.schedule import create_schedule
 from plugrad.helpers import Context
 from plugrad.uop.ops import UOp
@@ -130,11 +129,10 @@ def test_issue32_padded_reduction_other_devices(device: str) -> None:
 
 
 # ---- found by the fuzzer (FUZZ_EXAMPLES=1400, seed 1006, a sampled BEAM list): a row statistic computed inside its
-# consumer's reduction (ROW_FUSE=1, the CPU default) does not lower once the output axis is upcast; BEAM drops such a
-# candidate (it fails to lower), so no result is wrong, but the action is accepted and cannot be built
+# consumer's reduction (ROW_FUSE=1, the CPU default) did not lower once the output axis was upcast (LinearizeError: two
+# loops over the same range: the consumer's first copy took the statistic's loop before its second copy had joined it);
+# fixed in lower_reduces, and checked under every action on every device by plugrad.testing.test_optimizer_actions
 
-@pytest.mark.xfail(strict=True, raises=LinearizeError, reason="LinearizeError: two loops over the same range in one kernel "
-                   "(a REDUCE over a fused row statistic's REDUCE, output axis upcast); a lowering bug, not fixed yet")
 def test_upcast_of_a_row_fused_statistic_lowers() -> None:
   from plugrad import Tensor
   from plugrad.codegen import get_program
@@ -142,7 +140,8 @@ def test_upcast_of_a_row_fused_statistic_lowers() -> None:
   from plugrad.device.registry import Device
   x = Tensor(np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32), device="CPU")
   with Context(ROW_FUSE=1): it = ((x.sum(1, keepdim=True) * x).sum(1, keepdim=True) * 2).schedule()[0]
-  get_program(it.ast, Device["CPU"].renderer, opts=[Opt(OptOps.UPCAST, 0, 2)])
+  prg = get_program(it.ast, Device["CPU"].renderer, opts=[Opt(OptOps.UPCAST, 0, 2)])
+  assert list(prg.applied_opts) == [Opt(OptOps.UPCAST, 0, 2)]
 
 
 # ---- the fuzzer itself

@@ -2,7 +2,6 @@
 turned into register accumulators with explicit loops."""
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 
@@ -146,7 +145,6 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
   topo = ast.toposort
   reduces = [u for u in topo if u.op is Ops.REDUCE]
   if not reduces: return ast
-  ids = itertools.count()
   sub: dict[UOp, UOp] = {}
   groups: dict[tuple[UOp, ...], list[tuple[UOp, tuple[UOp, ...], set[UOp], int]]] = {}  # own -> (reduce, values, context, acc)
   pending: dict[UOp, tuple[UOp, ...]] = {}  # reduce -> its group, until the group's loop is built
@@ -175,8 +173,16 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
         else: images[n] = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)  # == compares UOps by identity
     return images[root]
   holds: dict[UOp, bool] = {}  # whether a node is or holds a reduction (most values hold none: no pending one to find)
-  for u in topo: holds[u] = u.op is Ops.REDUCE or any(holds[s] for s in u.src)
-  for red in reduces:  # sources first, so an inner reduction is already replaced when an outer one is built
+  depth: dict[UOp, int] = {}  # how many reductions deep a node is (0: it holds none)
+  for u in topo:
+    holds[u] = u.op is Ops.REDUCE or any(holds[s] for s in u.src)
+    depth[u] = max((depth[s] for s in u.src), default=0) + (u.op is Ops.REDUCE) if holds[u] else 0
+  # accumulators numbered in graph order; the reductions taken level by level (those holding no reduction first, ...),
+  # so an inner reduction is replaced before an outer one is built, and every copy of one reduction (the expander's:
+  # all at one level) has joined its group before an outer one needs the group's loop: in graph order a copy would
+  # come after the loop was built, and get a second loop over the same range
+  acc_of = {r: n for n, r in enumerate(r for r in reduces if len(r.src) > 1)}
+  for red in sorted(reduces, key=lambda r: depth[r]):
     if pending and holds[red.src[0]]:
       for own in {pending[r] for r in red.src[0].toposort if r in pending}: flush(own)
     value, own = substitute(red.src[0]), red.src[1:]
@@ -191,7 +197,7 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
     # the accumulator is placed by the loops its value depends on, not by the loops around its use: a row statistic
     # fused into the kernel that broadcasts it (softmax's max and sum) runs once per row, not once per output element
     context = {r for r in vtopo if r.op is Ops.RANGE and r not in own and r not in closed}
-    groups.setdefault(own, []).append((red, vals, context, next(ids)))
+    groups.setdefault(own, []).append((red, vals, context, acc_of[red]))
     pending[red] = own
   for own in list(groups): flush(own)
   return substitute(ast)

@@ -4,7 +4,8 @@ under every single action that applies to it (and pairs of them) and compared wi
 The kernels are reductions over padded inputs whose pad fill stops being zero after an elementwise op (sqrt(|0| + 1)
 = 1, exp(0) = 1, a comparison with a negative value): along a padded axis, a copy of the loop body that the optimizer
 makes (UPCAST, UNROLL, GROUP, LOCAL, THREAD) can then read nothing but the fill and become a constant that no longer
-depends on the loops around it. Such a copy once kept its accumulator outside those loops and summed across them."""
+depends on the loops around it. Such a copy once kept its accumulator outside those loops and summed across them.
+A row statistic fused into its consumer's reduction is checked under the same actions."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ from plugrad.codegen.opt import KernelOptError, Opt, OptOps, Scheduler
 from plugrad.engine.buffers import buffer_of
 from plugrad.engine.realize import run_schedule
 from plugrad.engine.schedule import ScheduleItem, create_schedule
+from plugrad.helpers import Context
 from plugrad.tensor.tensor import Tensor
 from plugrad.uop.ops import KernelInfo
 
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.plugrad_conformance
 
 A = np.random.default_rng(3).standard_normal((1, 5, 2)).astype(np.float32)
 B = np.random.default_rng(4).standard_normal((3, 4, 6)).astype(np.float32)
+C = np.random.default_rng(5).standard_normal((6, 5)).astype(np.float32)
 PAD_A = ((1, 0), (0, 1), (1, 1))
 PAD_B = ((0, 1), (2, 1), (0, 2))
 
@@ -37,16 +40,19 @@ CASES: dict[str, tuple[np.ndarray, Any, Callable[[Any], Any], Callable[[np.ndarr
   "exp_sum2": (B, PAD_B, lambda x: x.exp().sum(2), lambda x: np.exp(x).sum(2)),
   "max_of_neg_fill": (B, PAD_B, lambda x: (x - 5).max(1), lambda x: (x - 5).max(1)),
   "count_below": (B, PAD_B, lambda x: (x < 0.5).float().sum((0, 2)), lambda x: (x < 0.5).astype(np.float64).sum((0, 2))),
+  # a row statistic computed inside its consumer's reduction (ROW_FUSE=2): with the output axis upcast, the statistic's
+  # copies must share one loop (the consumer's first copy once took that loop before the second copy had joined it)
+  "row_fused_statistic": (C, ((0, 1), (2, 1)), lambda x: (x.sum(1, keepdim=True) * x).sum(1, keepdim=True) * 2,
+                          lambda x: (x.sum(1, keepdims=True) * x).sum(1, keepdims=True) * 2),
 }
 
 
 def _kernel(dev: str, name: str) -> tuple[list[ScheduleItem], ScheduleItem, np.ndarray]:
   x, pads, f, ref = CASES[name]
   t = f(Tensor(x, device=dev).realize().pad(pads))
-  items, _ = create_schedule(t.uop)
-  kernels = [it for it in items if it.kind == "kernel"]
-  assert len(kernels) == 1, f"{name}: {len(kernels)} kernels, want 1 (the test forces actions on one)"
-  return items, kernels[0], ref(np.pad(x.astype(np.float64), pads))
+  with Context(ROW_FUSE=2): items, _ = create_schedule(t.uop)
+  # the actions are forced on the last kernel (the reduction); one before it may materialize the padded input
+  return items, [it for it in items if it.kind == "kernel"][-1], ref(np.pad(x.astype(np.float64), pads))
 
 
 def _actions(k: Scheduler) -> list[Opt]:
