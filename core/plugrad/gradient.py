@@ -70,7 +70,9 @@ def _reduce_grad(ret: UOp, g: UOp) -> Grads:
     hit = x.alu(Ops.CMPEQ, ret.expand(shape)).cast(x.dtype)
     share = g.alu(Ops.FDIV, _sum_to(hit, axes))
     return (hit.alu(Ops.MUL, share.expand(shape)),)
-  # MUL: d/dx_i = product of the other elements, computed without dividing by zero
+  # MUL: d/dx_i = product of the other elements, computed without dividing by zero; with no other element it is 1
+  # (dividing the product by x_i gave inf/inf = nan for an infinite x_i)
+  if all(shape[a] == 1 for a in axes): return (g,)
   zero, one = _const(x, 0.0), _const(x, 1.0)
   is_zero = x.alu(Ops.CMPEQ, zero)
   nonzero = _where(is_zero, one, x)

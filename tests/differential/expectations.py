@@ -307,6 +307,22 @@ def _conv_transpose_interleaved(x: Any, w: Any, b: Any, groups: int, stride: Any
   return F.conv2d(F.pad(xi, (*pads[1], *pads[0])), wt.flip(-2, -1), b, groups=groups, dilation=d)
 
 
+class _BCEClampedTarget(torch.autograd.Function):
+  """F.binary_cross_entropy with PyTorch's input gradient, computed in float32 at least (in half 1e-12 is 0), and the
+  target's gradient as the derivative of the clamped loss: log(1 - p) and log(p) each clamped at -100."""
+  @staticmethod
+  def forward(ctx: Any, p: Any, y: Any) -> Any:
+    ctx.save_for_backward(p, y)
+    return F.binary_cross_entropy(p, y, reduction="none")
+
+  @staticmethod
+  def backward(ctx: Any, g: Any) -> Any:
+    p, y = ctx.saved_tensors
+    w = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
+    gp = (g * (w - y.to(w.dtype)) / (w * (1 - w)).clamp(min=1e-12)).to(p.dtype)
+    return gp, g * ((1 - p).log().clamp(min=-100) - p.log().clamp(min=-100))
+
+
 ALLOWED: list[Allowed] = [
   # ---- dtypes (tinygrad 0.14's, documented in docs/tensor.md)
   *[Allowed(op, "dtype", "indices are int32, as in tinygrad 0.14 (docs/tensor.md: argmax/argmin give int32; sort/topk/cummax "
@@ -407,51 +423,19 @@ ALLOWED: list[Allowed] = [
           "weight, the interleaved zeros and the padding times that weight are nan, as conv2d's padding (above); leaving those "
           "products out made every conv_transpose2d 1.6x slower (8x64x32x32, 4x4 kernel, stride 2: 164 vs 100 ms)",
           ref=_conv_transpose_interleaved, when=lambda c: _nonfinite(c, 1) or _nonfinite(c, 0)),
+  Allowed("binary_crossentropy", "grad", "the target's gradient where p(1 - p) < 1e-12 is the derivative of the loss as computed, "
+          "with both logs clamped at -100 (±100 at p = 0 or 1); PyTorch's is the unclamped log(1 - p) - log(p), ±inf there. "
+          "The input's gradient is PyTorch's (p - y)/max(p(1 - p), 1e-12)",
+          ref=lambda x, y, reduction="mean": _reduce(_BCEClampedTarget.apply(x, y), reduction),
+          when=lambda c: c.args[1].diff and _any(c, lambda v: v * (1 - v) < 1e-12, 0)),
 ]
 
 KNOWN_BUGS: list[KnownBug] = [
   # ---- gradients
-  KnownBug("normalize_grad_zero_norm", "normalize", "grad", "normalize: the gradient of a slice whose p-norm is below eps (an all-zero "
-           "row) is nan (the norm's 0·inf at 0 passes through maximum(eps)); PyTorch clamps and gives x-independent finite values "
-           "(1/eps·seed). float32 [[0, 1], [0, 2]], p=2, dim=0: column 0",
-           Case("normalize", "float32", [T([[0.0, 1.0], [0.0, 2.0]], "float32")], {"p": 2.0, "dim": 0}),
-           when=lambda c: bool(np.any(np.all(np.abs(c.args[0].value.astype(np.float64)) < 1e-6, axis=c.kw["dim"])))),
-  KnownBug("binary_crossentropy_grad_at_0_1", "binary_crossentropy", "grad", "binary_crossentropy: the gradient is nan at p = 0 or p = 1 "
-           "(0·inf through the log clamped at -100) and unbounded (-y/p, (1-y)/(1-p)) within 1e-12 of them; PyTorch's backward is "
-           "(p - y)/max(p(1-p), 1e-12), finite (0 where the target equals p). float32 p=[0, 1, 0.5], y=[0, 1, 0.5]",
-           Case("binary_crossentropy", "float32", [T([0.0, 1.0, 0.5], "float32"), T([0.0, 1.0, 0.5], "float32", False)], {"reduction": "mean"}),
-           when=lambda c: _any(c, lambda v: v * (1 - v) < 1e-12, 0)),
   # ---- values
-  KnownBug("mish_grad_huge", "mish", "grad", "mish's gradient at x ≈ 3e38 (float32) is nan; PyTorch gives 1",
-           Case("mish", "float32", [T([3e38, 1.0], "float32")]), when=lambda c: _big(c, _fmax(c) / 10)),
-  *[KnownBug(f"{op}_grad_zero_variance", op, "grad", f"{op}: the gradient where the standard deviation is 0 (a constant row) is nan "
-             "(sqrt'(0) = inf times 0), PyTorch gives 0; where the variance is subnormal it loses precision (float32 values of 5.7e-22: "
-             "0.2878, PyTorch 0.2887) or is nan (bfloat16, float16). float32 [[0, 0], [1, 2]] along axis 1",
-             Case(op, "float32", [T([[0.0, 0.0], [1.0, 2.0]], "float32")], {"axis": 1, "keepdim": False, "correction": 1}),
-             when=lambda c: _std_zero(c)) for op in ("std", "std_mean")],
-  KnownBug("logcumsumexp_grad_inf_later", "logcumsumexp", "grad", "logcumsumexp with +inf after a large element: where the running max is "
-           "+inf the shift is 0, so exp of the earlier element overflows and its gradient is nan; PyTorch 1.5. float32 [0, 1000, 0, inf]",
-           Case("logcumsumexp", "float32", [T([0.0, 1000.0, 0.0, np.inf], "float32")], {"axis": 0}),
-           when=lambda c: _any(c, np.isposinf) and _big(c, 50)),
   KnownBug("cumprod_grad_underflow", "cumprod", "grad", "cumprod's gradient is formed from the running product divided by the factor: "
            "where that product underflows (float16 [[-1.2e-7], [-0.284]] along axis 0, a subnormal product) the gradient of the first "
            "element is 1.25, want 1 + (-0.5)(-0.284) = 1.14 (PyTorch, which also divides, gives 1.0; the Allowed entry compares with the "
            "product written out)", Case("cumprod", "float16", [T([[-1.1920928955078125e-07], [-0.284423828125]], "float16")], {"axis": 0}),
            when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < _SMALL[c.dtype]))),
-  KnownBug("hardswish_grad_below_3", "hardswish", "grad", "hardswish's gradient one ulp below 3 is 1 (x + 3 rounds to 6 and relu6 is "
-           "saturated), PyTorch gives (2x + 3)/6 = 1.5: float64 x = 2.9999999999999996 (and likewise one ulp above -3)",
-           Case("hardswish", "float64", [T([2.9999999999999996, 1.0], "float64")]),
-           when=lambda c: _any(c, lambda v: (np.abs(np.abs(v) - 3) < 1e-5) & (np.abs(v) != 3))),
-  KnownBug("cumprod_size1_axis_inf_grad", "cumprod", "grad", "cumprod along an axis of size 1 (the identity): the gradient of an infinite "
-           "element is nan; PyTorch passes the output gradient through. float32 [[inf, 2]] along axis 0",
-           Case("cumprod", "float32", [T([[np.inf, 2.0]], "float32")], {"axis": 0}),
-           when=lambda c: _any(c, np.isinf) and (c.args[0].value.ndim == 0 or c.args[0].value.shape[c.kw["axis"]] == 1)),
 ]
-
-
-def _std_zero(c: Case) -> bool:
-  """Some reduced slice of finite values has a variance below the dtype's smallest normal number (0 for a constant row)."""
-  x = c.args[0].value.astype(np.float64)
-  if not x.size: return False
-  normal = {"float64": 2.3e-308, "float16": 6.2e-5}.get(c.dtype, 1.2e-38)
-  with np.errstate(all="ignore"): return bool(np.any(np.var(np.where(np.isfinite(x), x, np.nan), axis=c.kw["axis"]) < normal))

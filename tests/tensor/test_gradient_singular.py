@@ -106,3 +106,59 @@ def test_clip_with_tied_tensor_bounds():
   np.testing.assert_array_equal(gx, [0, 1, 0])
   np.testing.assert_array_equal(glo, [1, 0, 0])
   np.testing.assert_array_equal(ghi, [0, 0, 1])
+
+
+def test_binary_crossentropy_gradient_at_0_and_1():
+  # PyTorch's backward (p - y)/max(p(1 - p), 1e-12); the target's gradient is the clamped logs' (±100 at the edges)
+  for dt in (dtypes.float32, dtypes.float64):
+    gp, gy = grads(lambda p, y: p.binary_crossentropy(y, reduction="none"), [0.0, 1.0, 0.5, 1e-13, 1.0], [0.3, 0.2, 0.5, 0.5, 1.0], dtype=dt)
+    np.testing.assert_allclose(gp, [-3e11, 8e11, 0, -5e11, 0], rtol=1e-6)
+    np.testing.assert_allclose(gy, [100, -100, 0, math.log(1 - 1e-13) - math.log(1e-13), -100], rtol=1e-5)
+  (gp, _) = grads(lambda p, y: p.binary_crossentropy(y, reduction="none"), [1.0, 0.0, 0.5], [0.0, 0.0, 0.25], dtype=dtypes.float16)
+  np.testing.assert_array_equal(gp, [math.inf, 0, 1])  # 1e12 overflows half, as PyTorch's
+  loss = Tensor([0.0, 1.0, 0.5]).binary_crossentropy(Tensor([0.0, 1.0, 0.5]), reduction="none").numpy()
+  np.testing.assert_allclose(loss, [0, 0, math.log(2)], rtol=1e-6)
+
+
+def test_hardswish_gradient_next_to_the_bounds():
+  below3, above_m3 = np.nextafter(3.0, 0.0), np.nextafter(-3.0, 0.0)
+  (g,) = grads(lambda t: t.hardswish(), [below3, above_m3, 3.0, -3.0, math.inf, -math.inf], dtype=dtypes.float64)
+  np.testing.assert_allclose(g, [1.5, -0.5, 1, 0, 1, 0])
+  v = Tensor([below3, -3.0, -math.inf], dtype=dtypes.float64).hardswish().numpy()
+  assert abs(v[0] - below3) < 1e-15 and v[1] == 0 and np.isnan(v[2])  # PyTorch's -inf·0
+
+
+def test_mish_gradient_at_huge_inputs():
+  (g,) = grads(lambda t: t.mish(), [3e38, 25.0, 1.0])
+  np.testing.assert_allclose(g, [1, 1, 1.0490361], rtol=1e-6)
+  np.testing.assert_array_equal(Tensor([3e38, 25.0]).mish().numpy(), np.float32([3e38, 25.0]))
+
+
+def test_normalize_gradient_of_a_zero_slice():
+  # x / max(||x||, eps): a zero column has the x-independent gradient seed/eps, as PyTorch
+  (g,) = grads(lambda t: t.normalize(2.0, dim=0), [[0.0, 1.0], [0.0, 2.0]], seed=[[1.0, 0.0], [2.0, 0.0]])
+  np.testing.assert_allclose(g[:, 0], [1e12, 2e12], rtol=1e-6)
+  assert np.isfinite(g).all()
+
+
+def test_std_gradient_of_a_constant_slice():
+  for op in ("std", "std_mean"):
+    (g,) = grads(lambda t, o=op: getattr(t, o)(axis=1)[0] if o == "std_mean" else t.std(axis=1), [[0.0, 0.0], [1.0, 2.0]])
+    np.testing.assert_allclose(g, [[0, 0], [-math.sqrt(0.5), math.sqrt(0.5)]], rtol=1e-6)
+  # with nothing to divide by (N - correction = 0) the result stays nan
+  assert np.isnan(Tensor([[1.0, 1.0]]).std(axis=1, correction=2).numpy()).all()
+
+
+def test_logcumsumexp_gradient_with_a_later_inf():
+  # the +inf row gives the finite elements nothing: [1, 2, 0] from the earlier rows; the inf element's is nan (PyTorch's)
+  (g,) = grads(lambda t: t.logcumsumexp(0), [0.0, 1000.0, 0.0, math.inf])
+  np.testing.assert_allclose(g[:3], [1, 2, 0], atol=1e-6)
+  assert np.isnan(g[3])
+  np.testing.assert_array_equal(Tensor([0.0, 1000.0, 0.0, math.inf]).logcumsumexp(0).numpy(), [0, 1000, 1000, math.inf])
+
+
+def test_product_of_one_factor_passes_the_gradient():
+  (g,) = grads(lambda t: t.cumprod(0), [[math.inf, 2.0]])
+  np.testing.assert_array_equal(g, [[1, 1]])
+  (g,) = grads(lambda t: t.prod(1, keepdim=True), [[math.inf], [-math.inf]])
+  np.testing.assert_array_equal(g, [[1], [1]])

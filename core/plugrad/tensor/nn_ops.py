@@ -94,7 +94,12 @@ def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor
 
 def logsigmoid(self: Tensor) -> Tensor: return -(-self).softplus()
 @in_float32  # half: x·relu6(x + 3) overflows from x = 10923
-def hardswish(self: Tensor) -> Tensor: return self * (self + 3).relu6() * (1 / 6)
+def hardswish(self: Tensor) -> Tensor:
+  # the bounds tested on x, not on x + 3: one ulp below 3, x + 3 rounds to 6 but the slope is PyTorch's (2x + 3)/6. The
+  # middle formula sees only its own inputs (no inf·0 in its gradient at ±inf); x·0 below -3 is PyTorch's nan at -inf
+  lo, hi = self <= -3, self >= 3
+  xm = (lo | hi).where(0.0, self)
+  return lo.where(self * 0, hi.where(self, xm * (xm + 3) * (1 / 6)))
 def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor:
   """x clipped to [min_val, max_val], with PyTorch's gradient: 0 at the bounds (clip passes it there); nan stays nan."""
   return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
@@ -110,7 +115,10 @@ def softplus(self: Tensor, beta: float = 1.0) -> Tensor:
 
 def softsign(self: Tensor) -> Tensor: return self / (1 + self.abs())
 @in_float32  # half: softplus of x < -1 keeps few digits in half, and mish multiplies its error by x
-def mish(self: Tensor) -> Tensor: return self * self.softplus().tanh()
+def mish(self: Tensor) -> Tensor:
+  # past 20, tanh(softplus(x)) is 1 in float32 and float64: mish is x, gradient 1 (x·tanh' overflowed to inf·0 at 3e38)
+  big = self > 20
+  return big.where(self, self * big.where(0.0, self).softplus().tanh())
 
 
 def _shifted(self: Tensor, axis: int, dtype: DTypeLike | None) -> Tensor:
@@ -142,7 +150,11 @@ def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) ->
   else:
     a = self.abs()
     s = pow2_scale(a.max(dim, keepdim=True).detach())
-    norm = (a / s).pow(p).sum(dim, keepdim=True).pow(1 / p) * s
+    t = (a / s).pow(p).sum(dim, keepdim=True)
+    # a slice of zeros: pow(0, 1/p) has an infinite derivative, which maximum's 0 below would meet as nan; PyTorch's
+    # gradient there is x-independent (1/eps), so the norm's path carries nothing
+    zero = t.eq(0)
+    norm = zero.where(0.0, zero.where(1.0, t).pow(1 / p) * s)
   return self / norm.maximum(eps)
 
 
@@ -346,9 +358,18 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
 # ---------------------------------------------------------------- losses
 
 def binary_crossentropy(self: Tensor, Y: Tensor, reduction: Reduction = "mean") -> Tensor:
-  """BCE of probabilities `self` against targets Y; the logs are clamped at -100 as in PyTorch."""
+  """BCE of probabilities `self` against targets Y; the logs are clamped at -100 as in PyTorch, and so is its gradient:
+  (p - y)/max(p(1 - p), 1e-12), finite at p = 0 and 1."""
   if self.shape != Y.shape: raise ShapeError(f"binary_crossentropy: input {fmt(self.shape)} and target {fmt(Y.shape)} differ")
-  return _reduce(-(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100)), reduction)
+  def bce(p: Tensor) -> Tensor: return -(Y * p.log().maximum(-100) + (1 - Y) * (1 - p).log().maximum(-100))
+  # at the edges the value is the clamped formula of p held fixed, plus q(p) - q(p held) (0, exactly) with q' = (p - y)/1e-12,
+  # in float32 at least (1e-12 is 0 in half, 1/1e-12 overflows it); inside, the formula sees only p away from 0 and 1
+  wide = dtypes.float32 if self.dtype.itemsize < 4 else self.dtype
+  pw = self.cast(wide)
+  edge = pw * (1 - pw) < 1e-12
+  def q(p: Tensor) -> Tensor: return (p - Y.detach().cast(wide)).square() * (0.5 / 1e-12)
+  at_edge = bce(self.detach()) + (q(pw) - q(pw.detach())).cast(self.dtype)
+  return _reduce(edge.where(at_edge, bce(edge.where(0.5, self))), reduction)
 
 
 def binary_crossentropy_logits(self: Tensor, Y: Tensor, reduction: Reduction = "mean", pos_weight: Tensor | None = None) -> Tensor:

@@ -115,8 +115,12 @@ def std(self: Tensor, axis: Axis = None, keepdim: bool = False, correction: int 
   2, 3]: the variance 2.5e5 does not fit half, 499 does), as PyTorch's."""
   dev, n = _deviations(self, axis), _count(self, axis)
   s = pow2_scale(dev.abs().max(axis, keepdim=True).detach())
-  d = dev / s
-  ret = ((d * d).sum(axis, keepdim=True) / (n - correction if n > correction else 0)).sqrt() * s
+  d, div = dev / s, n - correction if n > correction else 0
+  t = (d * d).sum(axis, keepdim=True)
+  # a constant slice: sqrt'(0) = inf would meet the deviations' 0 as nan; PyTorch's gradient there is 0, so nothing flows
+  const = t.eq(0) if div else None  # (with nothing to divide by, the result stays 0/0 = nan, as PyTorch's)
+  ret = ((t if const is None else const.where(1.0, t)) / div).sqrt() * s
+  if const is not None: ret = const.where(0.0, ret)
   return (ret if keepdim else ret.reshape(tuple(sz for i, sz in enumerate(self.shape) if i not in _axes(self, axis, "std")))).cast(
     least_upper_float(self.dtype))
 

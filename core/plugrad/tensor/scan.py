@@ -134,8 +134,10 @@ def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
   x = self.transpose(axis, -1)
   x = x if dtypes.is_float(x.dtype) else x.cast(dtypes.float32)
   n = ints(x.shape, "logcumsumexp")[-1]
-  m = x.cummax(-1)[0].detach()
-  m = m.isinf().where(0, m)  # an all -inf prefix (or +inf) would make x - m nan; any finite shift is exact there
+  # the running max of the finite values: shifting by +inf would make x - m nan, and by 0 would overflow exp of a large
+  # earlier element (its gradient 0·inf = nan; [0, 1000, 0, inf]); an all -inf prefix shifts by 0 (any finite shift is exact)
+  m = x.isinf(detect_negative=False).where(-math.inf, x).cummax(-1)[0].detach()
+  m = m.isinf().where(0, m)
   j = Tensor.arange(n, device=self.device)
   upto = j.unsqueeze(0) <= j.unsqueeze(1)  # (i, j): j <= i
   # the terms after i are masked before the exp: exp(x_j - m_i) for j > i may overflow, and inf * 0 in its gradient is nan
