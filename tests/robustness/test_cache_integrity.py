@@ -3,9 +3,11 @@ binary that fails to load, hostile cache directories and secrets, a damaged data
 the CACHE_MB size cap. Anything that would load a damaged binary runs in a child process (tests/robustness/child.py)."""
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +116,35 @@ def test_load_failure_of_a_cached_binary_recompiles_once(cache: Path):
   def broken(b: bytes) -> bytes: raise OSError("never loads")
   with pytest.raises(OSError, match="never loads"): Counting().load_cached("fresh", "kern", broken)  # a fresh failure is an error
   assert Counting().compile_cached("fresh", "kern") == b"fresh#4"  # and it was not stored
+
+
+def cached_lib(key: str, src: str) -> bytes | None:
+  from plugrad.device.compiler import _cache_get
+  return _cache_get(key, src)
+
+
+@pytest.mark.parametrize("failure", [OSError("libx.so: failed to map segment from shared object"), MemoryError("no room"),
+                                     OSError(errno.EMFILE, "Too many open files"), OSError(errno.ENOMEM, "Cannot allocate memory")])
+def test_load_failure_from_resource_exhaustion_keeps_the_cached_binary(cache: Path, failure: Exception):
+  # what a process at vm.max_map_count sees: every load fails, the binaries are fine
+  Counting.calls = 0
+  assert Counting().compile_cached("k", "kern") == b"k#1"
+  def load(b: bytes) -> bytes: raise failure
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no "dropped" warning, no recompile
+    with pytest.raises(type(failure)): Counting().load_cached("k", "kern", load)
+  assert Counting.calls == 1 and cached_lib(Counting.cache_key, "k") == b"k#1"
+  assert Counting().load_cached("k", "kern", lambda b: b) == b"k#1"  # once the process has room again, the entry is used
+
+
+def test_cached_binary_is_kept_when_the_fresh_one_fails_to_load_too(cache: Path):
+  # a failure that does not say why: the recompile decides whether the cached binary was at fault
+  Counting.calls = 0
+  assert Counting().compile_cached("k", "kern") == b"k#1"
+  def never(b: bytes) -> bytes: raise OSError("cannot load")
+  with pytest.warns(CacheWarning, match="failed to load .*the entry is replaced once the fresh binary loads"):
+    with pytest.raises(OSError, match="cannot load"): Counting().load_cached("k", "kern", never)
+  assert Counting.calls == 2 and cached_lib(Counting.cache_key, "k") == b"k#1"
 
 
 def test_new_cache_dir_is_private(cache: Path):

@@ -11,6 +11,7 @@ caching off for the process with a DEBUG message.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -53,15 +54,19 @@ class Compiler:
 
   def load_cached(self, src: str, name: str, load: Callable[[bytes], T]) -> T:
     """`load(compile_cached(src, name))`, where `load` turns the binary into something runnable (dlopen, link) and
-    raises when it cannot. A cached binary that fails to load is dropped from the cache with a CacheWarning naming
-    the kernel and compiled once more; only a fresh binary's failure propagates. It is stored once it loaded."""
+    raises when it cannot. A cached binary that fails to load is compiled once more (a CacheWarning names the kernel)
+    and replaced by the fresh binary only once that one loaded: when the fresh one fails too, the fault was not the
+    cached binary's (the process is out of memory maps, memory or files) and the entry is kept. A failure that says
+    so itself (MemoryError, ENOMEM, EMFILE, "failed to map segment") is raised at once, without recompiling. Only a
+    fresh binary's failure propagates; a fresh binary is stored once it loaded."""
     if not isinstance(src, str): raise TypeError(f"load_cached needs the source as a str, got {type(src).__name__}")
     key = self.cache_key if CACHE else None
     if key is not None and (cached := _cache_get(key, src, name)) is not None:
       try: return load(cached)
       except Exception as e:
-        _cache_drop(key, src)
-        diskcache.warn(f"plugrad: the cached binary of kernel {name!r} failed to load ({type(e).__name__}: {e}); dropped it, compiling again")
+        if exhausted(e): raise
+        diskcache.warn(f"plugrad: the cached binary of kernel {name!r} failed to load ({type(e).__name__}: {e}); compiling it again "
+                       "(the entry is replaced once the fresh binary loads)")
     lib = self._fresh(src, name)
     out = load(lib)
     if key is not None: _cache_put(key, src, lib)
@@ -79,6 +84,19 @@ class Compiler:
 
 # gcc/clang/metal "file:12:5:", nvrtc "kernel.cu(12):", Python and others "line 12"
 _LINE_RE = re.compile(r":(\d+):\d+:|\((\d+)\):|\bline (\d+)\b")
+
+
+_EXHAUSTED = (errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+_EXHAUSTED_TEXT = ("cannot allocate memory", "failed to map segment", "too many open files", "out of memory")
+
+
+def exhausted(e: BaseException) -> bool:
+  """Whether a load failure is the process running out of a resource (memory, memory maps: vm.max_map_count, file
+  descriptors) rather than a fault of the binary: dlopen reports these only as text, so the message is read too."""
+  for x in (e, e.__cause__, e.__context__):
+    if isinstance(x, MemoryError) or (isinstance(x, OSError) and x.errno in _EXHAUSTED): return True
+    if x is not None and any(t in str(x).lower() for t in _EXHAUSTED_TEXT): return True
+  return False
 
 
 def error_line(message: str, src: str) -> int | None:
@@ -201,13 +219,6 @@ def _cache_get(key: str, src: str, name: str = "kernel") -> bytes | None:
       _failed(path, e)
       return None
   return lib
-
-
-def _cache_drop(key: str, src: str) -> None:
-  with _lock:
-    if (c := _connect()) is None: return
-    try: c[0].execute(f"DELETE FROM {_TABLE} WHERE compiler = ? AND src_sha256 = ?", (key, _digest(src)))
-    except sqlite3.Error as e: _failed(c[2], e)
 
 
 def _cache_put(key: str, src: str, lib: bytes) -> None:
