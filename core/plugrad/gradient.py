@@ -73,13 +73,18 @@ def _reduce_grad(ret: UOp, g: UOp) -> Grads:
   # MUL: d/dx_i = product of the other elements, computed without dividing by zero; with no other element it is 1
   # (dividing the product by x_i gave inf/inf = nan for an infinite x_i)
   if all(shape[a] == 1 for a in axes): return (g,)
-  zero, one = _const(x, 0.0), _const(x, 1.0)
-  is_zero = x.alu(Ops.CMPEQ, zero)
-  nonzero = _where(is_zero, one, x)
+  # 16-bit floats form the product and the quotients in float32, rounded once: a product of half factors underflows
+  # half long before the quotient would (float16 -1.2e-7 · -0.284 is subnormal, and /-1.2e-7 gave -0.5)
+  xw = x.cast(dtypes.float32) if x.dtype.itemsize < 4 else x
+  zero, one = _const(xw, 0.0), _const(xw, 1.0)
+  is_zero = xw.alu(Ops.CMPEQ, zero)
+  nonzero = _where(is_zero, one, xw)
   prod_nz = nonzero.reduce_axis(Ops.MUL, axes).expand(shape)
-  zeros_elsewhere = _sum_to(is_zero.cast(x.dtype), axes).expand(shape).alu(Ops.SUB, is_zero.cast(x.dtype))
-  others = _where(is_zero, prod_nz, prod_nz.alu(Ops.FDIV, nonzero))
-  return (_where(zeros_elsewhere.alu(Ops.CMPEQ, zero), others, zero).alu(Ops.MUL, g.expand(shape)),)
+  zeros_elsewhere = _sum_to(is_zero.cast(xw.dtype), axes).expand(shape).alu(Ops.SUB, is_zero.cast(xw.dtype))
+  # the seed multiplies before the division, as PyTorch's (grad·result)/x: product/x alone may overflow where the gradient fits
+  pg = prod_nz.alu(Ops.MUL, g.expand(shape) if xw is x else g.expand(shape).cast(xw.dtype))
+  ret_g = _where(zeros_elsewhere.alu(Ops.CMPEQ, zero), _where(is_zero, pg, pg.alu(Ops.FDIV, nonzero)), zero)
+  return (ret_g if xw is x else ret_g.cast(x.dtype),)
 
 
 def _expand_grad(ret: UOp, g: UOp) -> Grads:

@@ -433,9 +433,4 @@ ALLOWED: list[Allowed] = [
 KNOWN_BUGS: list[KnownBug] = [
   # ---- gradients
   # ---- values
-  KnownBug("cumprod_grad_underflow", "cumprod", "grad", "cumprod's gradient is formed from the running product divided by the factor: "
-           "where that product underflows (float16 [[-1.2e-7], [-0.284]] along axis 0, a subnormal product) the gradient of the first "
-           "element is 1.25, want 1 + (-0.5)(-0.284) = 1.14 (PyTorch, which also divides, gives 1.0; the Allowed entry compares with the "
-           "product written out)", Case("cumprod", "float16", [T([[-1.1920928955078125e-07], [-0.284423828125]], "float16")], {"axis": 0}),
-           when=lambda c: _any(c, lambda v: (v != 0) & (np.abs(v) < _SMALL[c.dtype]))),
 ]

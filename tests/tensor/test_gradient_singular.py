@@ -162,3 +162,13 @@ def test_product_of_one_factor_passes_the_gradient():
   np.testing.assert_array_equal(g, [[1, 1]])
   (g,) = grads(lambda t: t.prod(1, keepdim=True), [[math.inf], [-math.inf]])
   np.testing.assert_array_equal(g, [[1], [1]])
+
+
+def test_product_gradient_where_the_product_under_or_overflows():
+  # float16 [-1.2e-7, -0.284] along 0: the product is subnormal in half; d/dx0 = 1 + x1 (formed in float32)
+  x = [[-1.1920928955078125e-07], [-0.284423828125]]
+  (g,) = grads(lambda t: t.cumprod(0), x, dtype=dtypes.float16)
+  np.testing.assert_allclose(g[:, 0], [1 - 0.284423828125, 1.0 * np.float16(-1.1920928955078125e-07)], rtol=2e-3)
+  # the seed multiplies before the division: the product over x2 overflows float32 although the gradient fits
+  (g,) = grads(lambda t: t.prod().mul(0.25), [4.0, 0.25, 3e38])
+  np.testing.assert_allclose(g, [1.875e37, 3e38, 0.25], rtol=1e-6)
