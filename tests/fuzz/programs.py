@@ -44,6 +44,10 @@ KINDS = ("input", "unary", "binary", "const", "sum", "max", "mean", "pad", "shri
          "matmul", "where", "cast")
 
 
+KIND_CHOICES = ["unary", "unary", "binary", "binary", "const", "sum", "sum", "max", "mean", "pad", "pad", "shrink", "flip", "permute",
+                "reshape", "expand", "matmul", "where", "cast"]
+
+
 class FuzzError(ValueError):
   """A fuzzer setting or program is malformed (the message names what)."""
 
@@ -125,9 +129,14 @@ def generate(seed: int, steps: int | None = None) -> Program:
   while len(prog.steps) - len(prog.inputs) < n_steps:
     # recent values more often: deeper compositions; any earlier value may be read again (a shared subexpression)
     i = int(len(shapes) - 1 - min(int(rng.geometric(0.45)) - 1, len(shapes) - 1))
+    kind = str(rng.choice(KIND_CHOICES))
+    # a pad is often followed by a function of it, and that by a reduction: a fill made non-zero, then reduced, is
+    # where the optimizer has gone wrong before (issue 32)
+    last = prog.steps[-1].kind
+    if last == "pad" and rng.random() < 0.6: i, kind = len(shapes) - 1, str(rng.choice(["unary", "unary", "const"]))
+    elif last in ("unary", "const") and len(prog.steps) > 1 and prog.steps[-2].kind == "pad" and rng.random() < 0.6:
+      i, kind = len(shapes) - 1, str(rng.choice(["sum", "sum", "max", "mean"]))
     sh, is_int = shapes[i], ints[i]
-    kind = str(rng.choice(["unary", "binary", "binary", "const", "sum", "max", "mean", "pad", "shrink", "flip", "permute",
-                           "reshape", "expand", "matmul", "where", "cast"]))
     if kind == "unary" and not is_int:
       add(Step("unary", (i,), str(rng.choice(list(FLOAT_UNARY)))), sh, False)
     elif kind == "binary":
