@@ -179,8 +179,9 @@ def _fmod_float(a: Tensor, b: Tensor) -> Tensor:
   wide = dtypes.float64 if a.dtype is not dtypes.float64 and _has_float64(a.device) else a.dtype
   bw = b.cast(wide)
   q = (a.cast(wide) / bw).trunc().detach()
-  # (b - b)·q is nan where b or q is not finite: no gradient there, except at b = 0 (±inf, as PyTorch), where fmod is nan anyway
-  lost = (bw.isinf() | (q.isinf() & bw.ne(0))).detach()
+  # (b - b)·q is nan where b or q is not finite: no gradient there, except where fmod is nan anyway (b = 0 or an infinite
+  # a: ±inf, as PyTorch)
+  lost = (bw.isinf() | (q.isinf() & bw.ne(0) & a.isfinite())).detach()
   bg = lost.where(0.0, bw)
   return v.detach() + (a - a.detach()) - ((bg - bg.detach()) * lost.where(0.0, q)).cast(a.dtype)
 
