@@ -425,7 +425,7 @@ ALLOWED: list[Allowed] = [
           ref=_conv_transpose_interleaved, when=lambda c: _nonfinite(c, 1) or _nonfinite(c, 0)),
   Allowed("binary_crossentropy", "grad", "the target's gradient where p(1 - p) < 1e-12 is the derivative of the loss as computed, "
           "with both logs clamped at -100 (±100 at p = 0 or 1); PyTorch's is the unclamped log(1 - p) - log(p), ±inf there. "
-          "The input's gradient is PyTorch's (p - y)/max(p(1 - p), 1e-12)",
+          "The input's gradient is PyTorch's (p - y)/max(p(1 - p), 1e-12) (docs/tensor.md 'Gradients at singular points')",
           ref=lambda x, y, reduction="mean": _reduce(_BCEClampedTarget.apply(x, y), reduction),
           when=lambda c: c.args[1].diff and _any(c, lambda v: v * (1 - v) < 1e-12, 0)),
 ]
