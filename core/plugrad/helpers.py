@@ -156,3 +156,37 @@ def recursion_limit(n: int) -> Iterator[None]:
   sys.setrecursionlimit(max(old, n))
   try: yield
   finally: sys.setrecursionlimit(old)
+
+
+# How many distinct kernels a process keeps rendered and loaded (codegen's program cache, the engine's runners): past
+# it the least recently used are dropped, so that a long run with ever new shapes keeps its memory maps bounded.
+MAX_LOADED_KERNELS = ContextVar("MAX_LOADED_KERNELS", 4096, minimum=1)
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class LRUCache(dict[_K, _V]):
+  """A dict of at most `cap.value` entries, dropping the least recently used on insert (`get` and `[]` count as a
+  use). A dropped value lives on while anything else holds it (a TinyJit's captured runner keeps its code)."""
+  def __init__(self, cap: ContextVar) -> None:
+    super().__init__()
+    self._cap, self._lock = cap, __import__("threading").Lock()
+
+  def get(self, key: _K, default: Any = None) -> Any:
+    with self._lock:
+      if (v := dict.pop(self, key, _MISSING)) is _MISSING: return default
+      dict.__setitem__(self, key, v)  # re-inserted: dicts keep insertion order, so the first key is the least recent
+      return v
+
+  def __getitem__(self, key: _K) -> _V:
+    if (v := self.get(key, _MISSING)) is _MISSING: raise KeyError(key)
+    return v
+
+  def __setitem__(self, key: _K, value: _V) -> None:
+    with self._lock:
+      dict.pop(self, key, None)
+      dict.__setitem__(self, key, value)
+      while len(self) > max(1, int(self._cap.value)): dict.pop(self, next(iter(self)))
+
+
+_MISSING: Any = object()

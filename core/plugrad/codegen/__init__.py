@@ -19,7 +19,7 @@ from plugrad.codegen.linearize import linearize
 from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, simplify_gated_indices, split_ends
 from plugrad.codegen.opt import BEAM, NOOPT, Opt, Scheduler, hand_coded_optimizations
 from plugrad.codegen.opt.search import CandidateTimer
-from plugrad.helpers import DEBUG
+from plugrad.helpers import DEBUG, MAX_LOADED_KERNELS, LRUCache
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import KernelInfo, Ops, UOp
 from plugrad.uop.program import ProgramUOp, make_program
@@ -27,7 +27,7 @@ from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.spec import maybe_check
 from plugrad.uop.symbolic import symbolic
 
-_cache: dict[tuple, ProgramUOp] = {}
+_cache: LRUCache[tuple, ProgramUOp] = LRUCache(MAX_LOADED_KERNELS)  # bounded: a long run with new shapes stays flat
 codegen_seconds = [0.0]  # total time spent here (the benchmark reads it)
 
 

@@ -24,10 +24,10 @@ from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
 from plugrad.engine.buffers import buffer_of
 from plugrad.engine.schedule import ScheduleItem, create_schedule
-from plugrad.helpers import DEBUG
+from plugrad.helpers import DEBUG, MAX_LOADED_KERNELS, LRUCache
 from plugrad.uop.ops import Ops, UOp
 
-_runners: dict[UOp, ProgramRunner] = {}
+_runners: LRUCache[UOp, ProgramRunner] = LRUCache(MAX_LOADED_KERNELS)  # bounded: each holds loaded code (memory maps)
 # reentrant: Tensor.realize holds it around realize() and its own bookkeeping, and a JIT capture realizes inside a call
 ENGINE_LOCK = threading.RLock()
 
@@ -73,7 +73,8 @@ def _copy_timed(ei: ExecItem, st: float) -> None:
 
 
 def runner_for(program: Any) -> ProgramRunner:
-  """The loaded runner of a PROGRAM (compiled and loaded once per process)."""
+  """The loaded runner of a PROGRAM (compiled and loaded once per process while it is among the MAX_LOADED_KERNELS
+  most recently used; a dropped one is unloaded when nothing else holds it, and loaded again from the compile cache)."""
   if (runner := _runners.get(program)) is None: runner = _runners[program] = ProgramRunner(program)
   return runner
 

@@ -17,6 +17,7 @@ meanwhile.
 """
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import itertools
 import os
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -191,11 +193,15 @@ def is_object(binary: bytes) -> bool:
 
 
 def load_shared(binary: bytes) -> ctypes.CDLL:
-  """A shared object's bytes loaded into this process."""
+  """A shared object's bytes loaded into this process, unloaded (dlclose) once nothing holds it: ctypes never does,
+  and every function taken from it holds the library object, so no code in use is unmapped."""
   with tempfile.NamedTemporaryFile(prefix="plugrad-cpu-", suffix=".so", delete=False) as f:
     f.write(binary)
-  try: return ctypes.CDLL(f.name)
+  try: lib = ctypes.CDLL(f.name)
   finally: os.unlink(f.name)  # the mapping outlives the file
+  if (close := getattr(_ctypes, "dlclose", None)) is not None:
+    weakref.finalize(lib, close, lib._handle).atexit = False  # at exit threads may still be parked in its code: leave it
+  return lib
 
 
 class CPUProgram:
