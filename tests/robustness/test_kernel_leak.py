@@ -50,6 +50,28 @@ def test_distinct_kernels_keep_memory_maps_flat():
   assert grown < 30, f"{grown} new memory maps for 120 new kernels"
 
 
+CHILD = """
+import gc, numpy as np
+from plugrad import Tensor
+from plugrad.helpers import Context
+def maps():
+  with open("/proc/self/maps") as f: return sum(1 for _ in f)
+with Context(MAX_LOADED_KERNELS=16):
+  for n in range(1, 40): assert (Tensor(np.ones(n, np.float32)) * 3).sum().item() == 3.0 * n
+  gc.collect(); before = maps()
+  for n in range(100, 220): assert (Tensor(np.ones(n, np.float32)) * 3).sum().item() == 3.0 * n
+  gc.collect(); print(maps() - before)
+"""
+
+
+def test_c_path_shared_objects_are_unloaded(tmp_path):
+  # the C compiler's shared objects (dlopen): without dlclose each kept ~5 maps
+  env = {**os.environ, "CPU_LLVM": "0", "DEV": "CPU", "PLUGRAD_CACHE_DIR": str(tmp_path / "cache")}
+  proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert int(proc.stdout.split()[-1]) < 30, proc.stdout
+
+
 def test_a_held_runner_outlives_its_eviction():
   t = Tensor(np.arange(7, dtype=np.float32), device="CPU") * 5
   t.realize()
