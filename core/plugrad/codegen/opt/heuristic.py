@@ -236,11 +236,12 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
   # a channel count off the vector width (MobileNetV2's 24-channel projections) is PADTO'd to it, but only when no
   # axis fits unpadded and the output rows reuse the panel: 1x96x56x56 1x1 -> 24 ran as plain loops, 4.6 ms; padded
   # to 32 channels, 0.23 ms (8 lanes unpadded: 0.53; one thread)
+  outs0, vrngs = k.output_axes, [rngs(v) for v in k.packable_values()]  # k is not changed while the candidates are ranked
   def reuse_of(ci: int) -> int:  # how many output positions reuse each packed value (rows of the tile and loops around it)
-    outs, vals = k.output_axes, k.packable_values()
-    mine = [v for v in vals if outs[ci] in rngs(v) and rngs(v) & red]
+    mine = [n for n, vr in enumerate(vrngs) if outs0[ci] in vr and vr & red]
     if len(mine) != 1: return 0
-    return prod(_const_size(r) for r in outs if r not in rngs(mine[0]) and any(r in rngs(v) for v in vals if v is not mine[0]))
+    others = set().union(*(vr for n, vr in enumerate(vrngs) if n != mine[0]))
+    return prod(_const_size(r) for r in outs0 if r not in vrngs[mine[0]] and r in others)
   # among the lane axes, the one whose packed operand is reused most comes first (ties: the innermost). A stride-2
   # stem (8x3x224x224 -> 32) had the lanes along its 112-wide output rows, packing the input for 32 channels of reuse,
   # 11 ms; along the channels (the weights packed, reused by every pixel) 3.0 ms (one thread)
