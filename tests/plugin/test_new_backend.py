@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import sysconfig
 import venv
 
 import pytest
@@ -29,13 +30,27 @@ def _run(py: pathlib.Path, *args: str, cwd: pathlib.Path, **env: str) -> subproc
   return subprocess.run([str(py), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
+def _venv_seeing_this_environment(root: pathlib.Path) -> pathlib.Path:
+  """A venv whose interpreter also sees the running interpreter's packages (pip, setuptools, this plugrad). Not
+  `system_site_packages`: that is the base interpreter's site, not a user's venv this test may run in. The .pth runs
+  site.addsitedir, so the .pth files there (editable installs) are processed too."""
+  venv.EnvBuilder(with_pip=False).create(root)
+  py = root / "bin" / "python"
+  site_dir = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+  dirs = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+  pathlib.Path(site_dir, "running_env.pth").write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in dirs))
+  return py
+
+
 @pytest.fixture(scope="module")
 def skeleton(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, pathlib.Path]:
   """The skeleton for SKEL, written by the CLI and installed (not editable) into a venv that sees this plugrad."""
   tmp = tmp_path_factory.mktemp("newbackend")
   assert main(["new-backend", "skel", "--out", str(tmp)]) == 0
-  venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp / "venv")  # pip, setuptools and plugrad come from here
-  py = tmp / "venv" / "bin" / "python"
+  for tool in ("pip", "setuptools"):  # the build runs without isolation, from this environment's own tools
+    if importlib.util.find_spec(tool) is None: pytest.skip(f"needs {tool} in the running environment ({sys.prefix}) to build the skeleton")
+  py = _venv_seeing_this_environment(tmp / "venv")
   pip = ["-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--disable-pip-version-check"]
   proc = _run(py, *pip, str(tmp / "plugrad-skel"), cwd=tmp)
   assert proc.returncode == 0, proc.stdout + proc.stderr

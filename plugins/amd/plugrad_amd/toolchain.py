@@ -109,10 +109,21 @@ def _has_amdgpu(clang: str) -> bool:
 
 
 def _next_to(clang: str, tool: str, major: int) -> str | None:
-  """`tool` in clang's own directory (resolving the clang-19 → llvm-19/bin/clang link), else `tool-<major>`, else `tool`."""
+  """`tool` in clang's own directory (resolving the clang-19 → llvm-19/bin/clang link), else `tool-<major>`, else `tool`
+  when its own version is clang's major: an older unversioned LLVM (Debian's llvm-objdump 14 beside clang-19) does not
+  know the newer AMDGPU targets and aborts on them."""
   for d in dict.fromkeys((os.path.dirname(os.path.realpath(clang)), os.path.dirname(os.path.abspath(clang)))):
     if os.access(p := os.path.join(d, tool), os.X_OK): return p
-  return shutil.which(f"{tool}-{major}") or shutil.which(tool)
+  if (versioned := shutil.which(f"{tool}-{major}")) is not None: return versioned
+  return plain if (plain := shutil.which(tool)) is not None and _tool_major(plain) == major else None
+
+
+def _tool_major(tool: str) -> int | None:
+  """The major version an LLVM tool prints (`LLVM version 19.1.7`, `LLD 19.1.7`), or None."""
+  try: res = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
+  except (OSError, subprocess.TimeoutExpired): return None
+  m = re.search(r"(?:LLVM version|LLD) (\d+)\.", res.stdout)
+  return int(m.group(1)) if res.returncode == 0 and m is not None else None
 
 
 def find(env: dict[str, str] | None = None) -> Toolchain:

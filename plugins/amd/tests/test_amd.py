@@ -294,6 +294,19 @@ def test_toolchain_discovery_says_what_it_tried(tmp_path):
   assert "not found" in (toolchain.missing({"PATH": str(tmp_path / "empty")}) or "")
 
 
+def test_an_unversioned_llvm_tool_is_taken_only_at_clang_s_version(tmp_path, monkeypatch):
+  clang_dir, bin_dir = tmp_path / "clang", tmp_path / "bin"
+  clang_dir.mkdir()
+  bin_dir.mkdir()
+  (clang_dir / "clang").write_text("#!/bin/sh\necho 'clang version 19.1.7'\n")
+  objdump = bin_dir / "llvm-objdump"
+  monkeypatch.setenv("PATH", str(bin_dir))
+  for printed, found in (("Debian LLVM version 14.0.6", None), ("Ubuntu LLVM version 19.1.7", str(objdump))):
+    objdump.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    objdump.chmod(0o755)
+    assert toolchain._next_to(str(clang_dir / "clang"), "llvm-objdump", 19) == found, printed
+
+
 # ---- the math helpers, the same C text compiled for the host
 
 @pytest.fixture(scope="module")
