@@ -25,11 +25,14 @@ def _wide_floats(n: int) -> np.ndarray:
 def _same(got: np.ndarray, want: np.ndarray) -> np.ndarray: return (got == want) | (np.isnan(got) & np.isnan(want))
 
 
-@pytest.mark.parametrize("u64", [True, False], ids=["uint64-steps", "uint32-steps"])
-def test_float32_remainders_are_exact(u64, monkeypatch):
+@pytest.mark.parametrize("path", ["long-division", "uint64", "uint32"])
+def test_float32_remainders_are_exact(path, monkeypatch):
   """fmod, % and // of float32 equal the exact remainder (C's fmod in float64, which is exact for float32 values) and
-  PyTorch's floor division, bit for bit, at every quotient: 1e10 % 3, 2 % 1e-40, fmod(0.3, 0.1), x % inf."""
-  monkeypatch.setattr(E, "_U64_OK", {"CPU": u64})
+  PyTorch's floor division, bit for bit, at every quotient: 1e10 % 3, 2 % 1e-40, fmod(0.3, 0.1), x % inf. By float64
+  long division, and by the integer steps of devices without float64 (in uint64, or uint32 without int64)."""
+  if path != "long-division":
+    monkeypatch.setattr(E, "_has_float64", lambda device: False)
+    monkeypatch.setattr(E, "_U64_OK", {"CPU": path == "uint64"})
   a, b = _wide_floats(600), _wide_floats(600)
   a[:6], b[:6] = [1e10, 2.0, 0.3, -1.9, 5.0, np.inf], [3.0, 1e-40, 0.1, np.inf, -np.inf, 2.0]
   ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
