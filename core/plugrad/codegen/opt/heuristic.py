@@ -265,7 +265,11 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
     left = ROW_LIMIT[w >= 16]
     for n in rows:  # the innermost reuse axis first (stores and input loads run along it), then the next while room is left
       if left < 2: break
-      if (d := _divisor(_const_size(trial.output_axes[n]), left)) > 1 and _try(trial, Opt(OptOps.UPCAST, n, d)): left //= d
+      if (d := _divisor(sz := _const_size(trial.output_axes[n]), left)) > 1 and _try(trial, Opt(OptOps.UPCAST, n, d)): left //= d
+      elif d == 1 and sz > left:
+        # a prime pixel count (17x17) has no divisor for the rows: padded by at most 1/16 instead (17 -> 18 = 2 x 9
+        # rows); without rows each weight vector fed one FMA (4x384x17x17 1x1 -> 192: 2.4 GFLOPS)
+        if _padded_split(trial, OptOps.UPCAST, n, tuple(range(left, 1, -1))): left //= trial.applied[-1].amount or 1
     if (last := _const_size(trial.reduce_axes[-1])):
       _try(trial, Opt(OptOps.UNROLL, len(trial.reduce_axes) - 1, last if last <= 4 else _divisor(last, 4)))
     if (pk := _reader(trial, lane)) is not None and _pack_fits(trial, pk):
