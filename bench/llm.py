@@ -182,7 +182,11 @@ def main() -> int:
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--tokens", type=int, default=32); ap.add_argument("--prompt-len", type=int, default=32)
   ap.add_argument("--threads", type=int, default=os.cpu_count() or 1); ap.add_argument("--quick", action="store_true")
+  ap.add_argument("--cell", help=argparse.SUPPRESS)  # MODEL,DTYPE,BATCH,TRIAD: one cell, in the subprocess the run starts
   a = ap.parse_args()
+  if a.cell is not None:
+    name, dt, b, tr = a.cell.split(",")
+    return cell(a, name, dt, int(b), float(tr) if tr != "-" else None)
   have_torch, have_hf = (importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
   if have_torch:
     import torch
@@ -191,35 +195,50 @@ def main() -> int:
   print(f"threads {a.threads}; STREAM triad {triad if isinstance(triad, str) else f'{triad:.1f} GB/s'}; "
         f"peers: {'PyTorch ' + torch.__version__ if have_torch else 'no torch'}, "
         f"{'transformers ' + __import__('transformers').__version__ if have_hf else 'no transformers (pip install transformers)'}")
-  n, T = (8, 8) if a.quick else (a.tokens, a.prompt_len)
+  # each cell in a process of its own: three frameworks' copies of the weights and every compiled kernel of a cell stay
+  # out of the next one's memory (a single process running all cells hit an LLVM JIT relocation assertion)
+  base = [sys.executable, os.path.abspath(__file__), "--tokens", str(a.tokens), "--prompt-len", str(a.prompt_len), "--threads", str(a.threads)]
   for name in a.models.split(","):
-    c = (QUICK if a.quick else MODELS)[name]
-    w = llm.random_weights(c, 0)
-    rng = np.random.default_rng(1)
     for dt in a.dtypes.split(","):
-      for B in (int(b) for b in a.batch.split(",")):
-        prompt = rng.integers(0, min(c.vocab, 256), (B, T))
-        model = llm.Transformer(c, {k: Tensor(v).cast(getattr(dtypes, dt)) for k, v in w.items()}, B)
-        st = time.perf_counter()
-        model(prompt, 0)
-        first = time.perf_counter() - st
-        got, warm, steps = llm.generate(model, prompt.tolist(), n)
-        dec = float(np.median(steps[2:]))
-        gbs = weight_bytes(c, 4 if dt == "float32" else 2) / dec / 1e9
-        line = (f"{name:<5} {dt:<8} batch {B}: plugrad prefill {first:6.2f} s first, {warm * 1e3:7.1f} ms warm; decode {dec * 1e3:7.2f} ms/token "
-                f"({B / dec:6.1f} tok/s, {gbs:5.1f} GB/s{f', {gbs / triad:.2f}x triad' if isinstance(triad, float) else ''})")
-        if have_torch:
-          tstep = torch_decoder(c, w, B, dt)
-          torch_generate(tstep, prompt, 3)  # warm-up
-          tg, tpre, tsteps = torch_generate(tstep, prompt, n)
-          tdec = float(np.median(tsteps[2:]))
-          line += f" | torch loop prefill {tpre * 1e3:7.1f} ms, decode {tdec * 1e3:7.2f} ms ({dec / tdec:.2f}x)"
-          if dt == "float32": line += f", tokens agree {int((tg == got).sum())}/{got.size}"
-        if have_hf:
-          hg, hpre, hdec = hf_generate(hf_model(c, w, dt), prompt, n)
-          line += f" | HF generate prefill {hpre * 1e3:7.1f} ms, decode {hdec * 1e3:7.2f} ms ({dec / hdec:.2f}x)"
-          if dt == "float32": line += f", tokens agree {int((hg == got).sum())}/{got.size}"
-        print(line, flush=True)
+      for b in a.batch.split(","):
+        res = subprocess.run([*base, *(["--quick"] if a.quick else []), "--cell", f"{name},{dt},{b},{triad if isinstance(triad, float) else '-'}"],
+                             capture_output=True, text=True)
+        out = res.stdout.strip() or f"{name:<5} {dt:<8} batch {b}: failed (exit {res.returncode}): {res.stderr.strip()[-300:]}"
+        print(out, flush=True)
+  return 0
+
+
+def cell(a: argparse.Namespace, name: str, dt: str, B: int, triad: float | None) -> int:
+  have_torch, have_hf = (importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+  if have_torch:
+    import torch
+    torch.set_num_threads(a.threads)
+  n, T = (8, 8) if a.quick else (a.tokens, a.prompt_len)
+  c = (QUICK if a.quick else MODELS)[name]
+  w = llm.random_weights(c, 0)
+  rng = np.random.default_rng(1)
+  prompt = rng.integers(0, min(c.vocab, 256), (B, T))
+  model = llm.Transformer(c, {k: Tensor(v).cast(getattr(dtypes, dt)) for k, v in w.items()}, B)
+  st = time.perf_counter()
+  model(prompt, 0)
+  first = time.perf_counter() - st
+  got, warm, steps = llm.generate(model, prompt.tolist(), n)
+  dec = float(np.median(steps[2:]))
+  gbs = weight_bytes(c, 4 if dt == "float32" else 2) / dec / 1e9
+  line = (f"{name:<5} {dt:<8} batch {B}: plugrad prefill {first:6.2f} s first, {warm * 1e3:7.1f} ms warm; decode {dec * 1e3:7.2f} ms/token "
+          f"({B / dec:6.1f} tok/s, {gbs:5.1f} GB/s{f', {gbs / triad:.2f}x triad' if isinstance(triad, float) else ''})")
+  if have_torch:
+    tstep = torch_decoder(c, w, B, dt)
+    torch_generate(tstep, prompt, 3)  # warm-up
+    tg, tpre, tsteps = torch_generate(tstep, prompt, n)
+    tdec = float(np.median(tsteps[2:]))
+    line += f" | torch loop prefill {tpre * 1e3:7.1f} ms, decode {tdec * 1e3:7.2f} ms ({dec / tdec:.2f}x)"
+    if dt == "float32": line += f", tokens agree {int((tg == got).sum())}/{got.size}"
+  if have_hf:
+    hg, hpre, hdec = hf_generate(hf_model(c, w, dt), prompt, n)
+    line += f" | HF generate prefill {hpre * 1e3:7.1f} ms, decode {hdec * 1e3:7.2f} ms ({dec / hdec:.2f}x)"
+    if dt == "float32": line += f", tokens agree {int((hg == got).sum())}/{got.size}"
+  print(line, flush=True)
   return 0
 
 
