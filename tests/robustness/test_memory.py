@@ -69,6 +69,25 @@ def test_a_buffer_too_big_for_memory_raises_when_allocated(cpu):
   assert (Tensor.arange(8, device="CPU").float() * 2).sum().item() == 56.0  # and the device still works
 
 
+def test_an_output_that_cannot_fit_beside_its_untouched_input_fails_fast(cpu):
+  # the input (60% of the memory) was never written, so the system does not count it; the kernel's output (60% more)
+  # must be refused at once, without committing the input's pages first (that took 65 s and 20 GiB of RSS)
+  code = textwrap.dedent("""
+    import resource, time
+    from plugrad import Tensor, dtypes
+    from plugrad.backend import OutOfMemoryError
+    m = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")}
+    x = Tensor.empty(int((m["MemAvailable"] + m.get("SwapFree", 0)) * 0.6) // 4, dtype=dtypes.float32).realize()
+    st = time.perf_counter()
+    try: (x + 1).realize()
+    except OutOfMemoryError as e: print("refused", time.perf_counter() - st, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+  """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, "DEV": "CPU"})
+  assert out.stdout.startswith("refused"), out.stdout + out.stderr
+  secs, maxrss_kib = out.stdout.split()[1:]
+  assert float(secs) < 5 and int(maxrss_kib) < 1024 * 1024, out.stdout
+
+
 def test_untouched_large_buffers_count_until_committed(monkeypatch):
   # /proc/meminfo does not count a buffer nobody touched yet; the allocator must. Here the "system" has `budget` bytes
   # beyond what this process holds resident (measured), so committing pages really uses them up.
@@ -80,16 +99,18 @@ def test_untouched_large_buffers_count_until_committed(monkeypatch):
   assert a.lazy_bytes == 3 * size and all(h.addr % 64 == 0 for h in hs)
   np.frombuffer(a._as_memoryview(hs[0], size), np.uint8)[:4096] = 7
   budget.update(n=3 * size + cpu_alloc.RESERVE + 50 * MiB, rss0=rss())  # room for what was promised, not for one more on top
+  st = time.perf_counter()
   with pytest.raises(MemoryError, match="available"): a._alloc(size, None)
-  assert a.lazy_bytes == 0 and rss() - budget["rss0"] >= 200 * MiB  # committed: now the system's numbers count them
+  # refused at once, nothing committed: the untouched pages are counted (mincore), not written
+  assert time.perf_counter() - st < 1.0 and rss() - budget["rss0"] < 50 * MiB and a.lazy_bytes == 3 * size
   assert np.frombuffer(a._as_memoryview(hs[0], size), np.uint8)[:4097].tolist() == [7] * 4096 + [0]  # data kept
-  # touched buffers would be counted twice (resident and lazy): committing them costs nothing and the check passes
+  # touched buffers would be counted twice (resident and lazy): their pages are in memory, so the check passes
   budget["n"] = 4 * GiB
   more = [a._alloc(size, None) for _ in range(2)]
   for h in more: np.frombuffer(a._as_memoryview(h, size), np.uint8)[:] = 1
-  budget.update(n=size + cpu_alloc.RESERVE + 20 * MiB, rss0=rss())
-  h = a._alloc(size, None)  # lazy 2 x 96 MiB + 96 MiB > budget, but only on paper
-  assert a.lazy_bytes == size
+  budget.update(n=4 * size + cpu_alloc.RESERVE + 20 * MiB, rss0=rss())
+  h = a._alloc(size, None)  # lazy 5 x 96 MiB + 96 MiB > budget, but only on paper: 3 x 96 MiB are untouched
+  assert a.lazy_bytes == 4 * size  # the written buffers left the lazy set; hs and h are still untouched
   del h, hs, more
   import gc
   gc.collect()

@@ -8,10 +8,10 @@ this process — MemAvailable + SwapFree from /proc/meminfo, and the headroom un
 `OutOfMemoryError` after freeing its cache and retrying once) when it does not fit.
 
 The large buffers this allocator handed out whose pages may still be untouched ("lazy": the system does not count
-them as used yet) count against that check too. Touched ones would be counted twice, so when the check fails only
-because of them, their pages are committed (MADV_POPULATE_WRITE: no data changes) and the check runs again with
-numbers that are exact. Committing only then keeps a fresh large buffer as cheap as before (committing every one
-costs another pass over its memory: +20-50% to allocate and fill it). Small allocations stay plain `np.zeros`
+them as used yet, but the kernels that write them will commit them) count against that check too. Touched pages would
+be counted twice, so when the check fails on paper, the pages still untouched are counted exactly (mincore: nothing
+is committed, so an impossible computation fails at once instead of after committing its inputs); where the system
+cannot say, the lazy buffers are committed (MADV_POPULATE_WRITE: no data changes) and the check runs again. Small allocations stay plain `np.zeros`
 (calloc); one check covers each `CHECK_EVERY` bytes of them. `CPU_MEMCHECK=0` turns the check off (for a system
 whose /proc/meminfo does not describe the memory really available).
 """
@@ -22,6 +22,7 @@ import mmap
 import threading
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,13 @@ LARGE = 4 << 20         # from here on: check the available memory (lazy buffers
 CHECK_EVERY = 64 << 20  # smaller allocations: one check per this many bytes of them
 RESERVE = 32 << 20      # left to the rest of the process (Python objects, the compiler) after a checked allocation
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels say EINVAL and the pages are touched one by one instead
+
+def _load_mincore() -> Any:
+  try: f = ctypes.CDLL(None).mincore
+  except (OSError, AttributeError): return None  # not a POSIX libc
+  f.argtypes, f.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p), ctypes.c_int
+  return f
+_mincore = _load_mincore()
 
 
 class CPUBuffer:
@@ -148,6 +156,16 @@ def available_memory() -> tuple[int, str] | None:
 def _fmt(n: int) -> str: return f"{n} bytes ({n / (1 << 30):.2f} GiB)"
 
 
+def _resident(m: mmap.mmap) -> int | None:
+  """Bytes of `m` whose pages are in memory (mincore), None where the system cannot say."""
+  if _mincore is None: return None
+  n = len(m)
+  vec = np.zeros(-(-n // mmap.PAGESIZE), np.uint8)
+  addr = np.frombuffer(m, np.uint8).ctypes.data
+  if _mincore(ctypes.c_void_p(addr), ctypes.c_size_t(n), vec.ctypes.data_as(ctypes.c_void_p)) != 0: return None
+  return min(n, int(np.count_nonzero(vec & 1)) * mmap.PAGESIZE)
+
+
 def _populate(m: mmap.mmap) -> None:
   """Commit every page of a mapping now, keeping its contents (one system call where the kernel has MADV_POPULATE_WRITE)."""
   try:
@@ -172,12 +190,27 @@ class CPUAllocator(Allocator[CPUBuffer]):
     """Raise MemoryError when `nbytes` more cannot be backed by memory now, counting the lazy buffers as used."""
     if (got := available_memory()) is None: return  # not Linux, or no /proc: nothing to check against
     if nbytes + self.lazy_bytes + RESERVE <= got[0]: return
-    if self.lazy_bytes:  # maybe only because touched lazy buffers count twice: commit them, and look again
-      self.commit_lazy()
-      if (got := available_memory()) is None or nbytes + RESERVE <= got[0]: return
+    if self.lazy_bytes:  # maybe only because touched pages of lazy buffers count twice: count the untouched ones
+      if (untouched := self.untouched_bytes()) is not None:
+        if nbytes + untouched + RESERVE <= got[0]: return
+      else:  # no mincore: commit them, and look again
+        self.commit_lazy()
+        if (got := available_memory()) is None or nbytes + RESERVE <= got[0]: return
     have, where = got
     raise MemoryError(f"{_fmt(nbytes)} requested but only {_fmt(have)} available ({where}), keeping {RESERVE >> 20} MiB for the "
                       "rest of the process; set CPU_MEMCHECK=0 if this number is wrong here")
+
+  def untouched_bytes(self) -> int | None:
+    """Bytes of the live lazy buffers whose pages are not in memory yet (None: the system cannot say); buffers now
+    wholly in memory leave the lazy set, since the system counts them."""
+    with self._lazy_lock: lazy = list(self._lazy.items())
+    total = 0
+    for key, (ref, nbytes) in lazy:
+      if (m := ref()) is None: continue
+      if (res := _resident(m)) is None: return None
+      if res >= nbytes: self._forget(key, nbytes)
+      else: total += nbytes - res
+    return total
 
   def commit_lazy(self) -> None:
     """Commit the pages of every live large buffer that may still be untouched (their data stays as it is)."""

@@ -32,6 +32,7 @@ from plugrad_webgpu.wgsl import DEPENDS, HELPERS, PACKED, UNSUPPORTED, bits_of, 
 FOLD_MARK = "// plugrad-webgpu: folded launch (workgroup ids recovered from a linear index; sizes in pg_args.g)"
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.CMPLT: "<", Ops.CMPNE: "!=",
           Ops.CMPEQ: "=="}
+_INFIX_NAME = {Ops.CMPLT: "lt", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}  # float comparisons go through nan-testing helpers (wgsl.py)
 _BOOL = {Ops.ADD: "({0} || {1})", Ops.MAX: "({0} || {1})", Ops.OR: "({0} || {1})", Ops.MUL: "({0} && {1})", Ops.AND: "({0} && {1})",
          Ops.SUB: "({0} != {1})", Ops.XOR: "({0} != {1})", Ops.NEG: "(!{0})", Ops.CMPLT: "(!{0} && {1})", Ops.CMPNE: "({0} != {1})",
          Ops.CMPEQ: "({0} == {1})", Ops.MULACC: "(({0} && {1}) || {2})", Ops.TRUNC: "{0}", Ops.POW: "({0} || !{1})"}
@@ -274,9 +275,12 @@ class _Kernel:
     elif op is Ops.BITCAST:
       s0 = u.src[0]
       self._define(i, u, self._lanewise(u.dtype, [s0], lambda a: self.bitcast(a[0], s0.dtype.scalar(), u.dtype.scalar())))
-    elif op is Ops.FDIV and u.src[1].op is Ops.CONST and u.src[1].arg == 0:
-      sign = "-1.0f" if math.copysign(1.0, u.src[1].arg) < 0 else "1.0f"
-      self._define(i, u, self._lanewise(u.dtype, [u.src[0]], lambda a: self.fdiv0(a[0], u.dtype.scalar(), sign)))
+    elif (op is Ops.FDIV and u.src[1].op is Ops.CONST and u.src[1].arg == 0) or \
+        (op is Ops.MUL and dtypes.is_float(u.dtype) and any(s.op is Ops.CONST and s.arg == 0 for s in u.src)):
+      x, zero = (u.src[0], u.src[1]) if u.src[1].op is Ops.CONST and u.src[1].arg == 0 else (u.src[1], u.src[0])
+      helper, sign = ("pg_fdiv0_f32", "-1.0f" if math.copysign(1.0, zero.arg) < 0 else "1.0f") if op is Ops.FDIV else \
+        ("pg_fmul0_f32", "0x80000000u" if math.copysign(1.0, zero.arg) < 0 else "0u")
+      self._define(i, u, self._lanewise(u.dtype, [x], lambda a: self.by_zero(helper, a[0], u.dtype.scalar(), sign)))
     elif op in GroupOp.ALU:
       sdt = u.src[-1].dtype if op is Ops.WHERE else u.src[0].dtype
       self._define(i, u, self._lanewise(u.dtype, list(u.src), lambda a: self.alu(op, u.dtype.scalar(), sdt.scalar(), a)))
@@ -301,7 +305,8 @@ class _Kernel:
     if sdt is dtypes.bool or dt is dtypes.bool and op not in GroupOp.Comparison:
       if op not in _BOOL: raise RendererError(f"WEBGPU: no bool {op.name}")
       return _BOOL[op].format(*a)
-    if op is Ops.CMPNE and dtypes.is_float(sdt): return f"{self.need(f'pg_ne_{self.st(sdt)}')}({a[0]}, {a[1]})"
+    if op in GroupOp.Comparison and dtypes.is_float(sdt):
+      return f"{self.need(f'pg_{_INFIX_NAME[op]}_{self.st(sdt)}')}({a[0]}, {a[1]})"
     if op in GroupOp.Comparison: return f"({a[0]} {_INFIX[op]} {a[1]})"
     t = self.st(dt)
     if dtypes.is_int(dt):
@@ -323,8 +328,9 @@ class _Kernel:
     else: raise RendererError(f"WEBGPU: no float {op.name}")
     return self.round16(e, dt) if self.emulated(dt) else e
 
-  def fdiv0(self, x: str, dt: DType, sign: str) -> str:
-    e = f"{self.need('pg_fdiv0_f32')}({x if self.st(dt) == 'f32' else f'f32({x})'}, {sign})"
+  def by_zero(self, helper: str, x: str, dt: DType, sign: str) -> str:
+    """x / ±0 or x * ±0 with a literal zero, through a helper that llvmpipe cannot fold (wgsl.py)."""
+    e = f"{self.need(helper)}({x if self.st(dt) == 'f32' else f'f32({x})'}, {sign})"
     return e if self.st(dt) == "f32" else f"f16({e})"
 
   def cast(self, x: str, src: DType, dst: DType) -> str:

@@ -85,7 +85,9 @@ def literal(v: float | int | bool, dt: DType, float16: bool) -> str:
 # helpers other helpers call
 DEPENDS = {"pg_inf_f16": ("pg_inf_f32",), "pg_nan_f16": ("pg_nan_f32",), "pg_isnan_f16": ("pg_isnan_f32",),
            "pg_idiv_i32": ("pg_uabs",), "pg_mod_i32": ("pg_uabs",), "pg_fdiv0_f32": ("pg_isnan_f32", "pg_nan_f32", "pg_inf_f32"),
-           "pg_ne_f32": ("pg_isnan_f32",), "pg_ne_f16": ("pg_isnan_f16",)}
+           "pg_fmul0_f32": ("pg_nan_f32",),
+           "pg_ne_f32": ("pg_isnan_f32",), "pg_ne_f16": ("pg_isnan_f16",), "pg_lt_f32": ("pg_isnan_f32",),
+           "pg_lt_f16": ("pg_isnan_f16",), "pg_eq_f32": ("pg_isnan_f32",), "pg_eq_f16": ("pg_isnan_f16",)}
 
 HELPERS: dict[str, str] = {
   # the bits go through a variable: a bitcast of a constant is a constant expression, and Chromium's Tint rejects one
@@ -103,9 +105,19 @@ HELPERS: dict[str, str] = {
   if (pg_isnan_f32(a) || a == 0.0f) { return pg_nan_f32(); }
   return select(-pg_inf_f32(), pg_inf_f32(), (a > 0.0f) == (zero_sign > 0.0f));
 }""",
-  # C's !=: true when either side is nan (naga's != is ordered)
+  # x * ±0 with a literal zero: llvmpipe folds it to 0, also for a nan or inf x (nan in IEEE); zero_sign is the zero's sign bit
+  "pg_fmul0_f32": """fn pg_fmul0_f32(a: f32, zero_sign: u32) -> f32 {
+  if ((bitcast<u32>(a) & 0x7fffffffu) >= 0x7f800000u) { return pg_nan_f32(); }
+  return bitcast<f32>((bitcast<u32>(a) & 0x80000000u) ^ zero_sign);
+}""",
+  # C's comparisons: != true, < and == false when either side is nan. naga's != is ordered, and a shader compiler may
+  # assume no nans (llvmpipe through OpenGL turns `nan < -1.0` true), so nan is tested on the bits
   "pg_ne_f32": "fn pg_ne_f32(a: f32, b: f32) -> bool { return !(a == b) || pg_isnan_f32(a) || pg_isnan_f32(b); }",
   "pg_ne_f16": "fn pg_ne_f16(a: f16, b: f16) -> bool { return !(a == b) || pg_isnan_f16(a) || pg_isnan_f16(b); }",
+  "pg_lt_f32": "fn pg_lt_f32(a: f32, b: f32) -> bool { return (a < b) && !pg_isnan_f32(a) && !pg_isnan_f32(b); }",
+  "pg_lt_f16": "fn pg_lt_f16(a: f16, b: f16) -> bool { return (a < b) && !pg_isnan_f16(a) && !pg_isnan_f16(b); }",
+  "pg_eq_f32": "fn pg_eq_f32(a: f32, b: f32) -> bool { return (a == b) && !pg_isnan_f32(a); }",
+  "pg_eq_f16": "fn pg_eq_f16(a: f16, b: f16) -> bool { return (a == b) && !pg_isnan_f16(a); }",
   # float -> integer bits: truncation, nan/inf give 0, huge values wrap modulo 2^32 (the interpreter's C semantics; WGSL's
   # own conversion saturates). t - floor(t / 2^32) * 2^32 is exact in f32 for every integer-valued t.
   "pg_f2u": """fn pg_f2u(x: f32) -> u32 {
