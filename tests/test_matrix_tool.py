@@ -72,3 +72,18 @@ def test_markdown_names_every_skip_and_tier_not_run():
 def test_unknown_cell_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]):
   assert matrix.main(argv) == 2
   assert "unknown cell" in capsys.readouterr().err
+
+
+def test_ci_runs_the_readme_test_command_and_installs_nothing_else():
+  """.ci/run takes the README's test command from README.md and runs it in a fresh venv: CI must not install anything
+  with pip that a newcomer following the README would not have (issue 35: CI stayed green while the README's run was red)."""
+  ci = (REPO / ".ci" / "run").read_text()
+  code = [line.split("#")[0] for line in ci.splitlines()]
+  assert not any("pip install" in line or "pip3 install" in line for line in code), ".ci/run installs with pip beside the README"
+  assert "--system-site-packages" not in ci and "python3 -m venv build/ci-venv" in ci
+  out = subprocess.run(["awk", "/<!-- test-command/ {found = 1; next} found && /^python / {print; exit}", "README.md"],
+                       cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+  assert out.startswith("python -m pip install") and "python -m pytest -n 2" in out and out.endswith("python tools/matrix.py")
+  for src in ["core", *(p.parent.relative_to(REPO).as_posix() for p in REPO.glob("plugins/*/pyproject.toml"))]:
+    assert f"./{src}" in out, f"the README's test command does not install {src}"
+  assert '"./core[dev,crosscheck]"' in out, "the tests' PyTorch cross-checks come from core's [crosscheck] extra"

@@ -130,7 +130,14 @@ def junit_counts(xml_file: Path) -> dict[str, Any]:
 
 
 def run_cell(cell: Cell, wheelhouse: Path, work: Path) -> dict[str, Any]:
-  """Everything of one cell; never raises: a step that fails is recorded with its output's tail."""
+  """Everything of one cell; never raises: a step that fails is recorded with its output's tail. The cell's venv and
+  compile cache (~1-2 GB with torch) are removed when it is done; its reports stay."""
+  try: return _run_cell(cell, wheelhouse, work)
+  finally:
+    for scratch in ("venv", "cache"): shutil.rmtree(work / cell.name / scratch, ignore_errors=True)
+
+
+def _run_cell(cell: Cell, wheelhouse: Path, work: Path) -> dict[str, Any]:
   res: dict[str, Any] = {"cell": cell.name, "distribution": cell.distribution, "steps": [], "configs": [], "tests": None, "ok": True}
   def step(name: str, proc: subprocess.CompletedProcess[str], ok: bool | None = None) -> bool:
     ok = proc.returncode == 0 if ok is None else ok
