@@ -10,5 +10,5 @@ os.environ.setdefault("PLUGRAD_STRICT_PLUGINS", "1")
 if importlib.util.find_spec("triton") is not None:
   importlib.import_module("triton")
 
-# the differential tester's and the composition fuzzer's summaries (docs/testing.md)
-pytest_plugins = ["pytester", "tests.differential.report", "tests.fuzz.report"]
+# the differential tester's, the composition fuzzer's and the ONNX node tests' summaries (docs/testing.md)
+pytest_plugins = ["pytester", "tests.differential.report", "tests.fuzz.report", "tests.onnx.report"]

@@ -6,6 +6,7 @@
   python -m plugrad viz [--port N] [TRACE]     serve a VIZ trace as a local web page (docs/viz.md)
   python -m plugrad replay record|check ...    process replay: record get_program inputs, regenerate and diff (docs/replay.md)
   python -m plugrad export SCRIPT:FUNC --target c|webgpu --out DIR   a model as standalone C or WebGPU (docs/export.md)
+  python -m plugrad onnx MODEL.onnx [--input NAME=FILE.npy] [--dim NAME=N] [--jit]   run an ONNX model: outputs, timings (docs/onnx.md)
   python -m plugrad conformance DEVICE [--tiers render,compile,emulate,run] [--report FILE.md] [--json FILE.json] [-- PYTEST_ARGS..]
                                               the conformance suite on one device (a child pytest, SPEC=1): a Markdown report
                                               on stdout (pytest's output on stderr), per tier, with skip reasons, declared and
@@ -208,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   add_replay_parser(sub)
   from plugrad.export.cli import add_parser as add_export_parser
   add_export_parser(sub)
+  from plugrad.onnx.cli import add_parser as add_onnx_parser
+  add_onnx_parser(sub)
   c = sub.add_parser("conformance", help="run the conformance suite on one device: a Markdown report per tier (pytest args after --)")
   c.add_argument("device", metavar="DEVICE", help="the device to check (e.g. CPU, CUDA:1)")
   c.add_argument("--tiers", default=None, help="comma-separated subset of render,compile,emulate,run (default: all; without run where the "
@@ -231,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       if args.command == "export":
         from plugrad.export.cli import run_cli as run_export
         return run_export(args)
+      if args.command == "onnx":
+        from plugrad.onnx.cli import run_cli as run_onnx
+        return run_onnx(args)
       if args.command == "plugins": return cmd_plugins(args.json)
       if args.command == "conformance": return cmd_conformance(args.device, args.tiers, args.report, args.json_file, extra)
       if args.command == "new-backend": return cmd_new_backend(args.name, args.out)

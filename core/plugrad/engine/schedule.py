@@ -5,7 +5,9 @@ Which nodes get their own buffer (are *realized*):
 * a REDUCE_AXIS whose result is broadcast (reached through an EXPAND) or feeds another reduction, or that more than
   one kernel would otherwise recompute. When what is broadcast is the reduction followed by elementwise ops that
   nothing else uses (a matmul's bias and ReLU before the next matmul), that result is realized instead: the epilogue
-  runs once, in the reduction's kernel, not once per broadcast read.
+  runs once, in the reduction's kernel, not once per broadcast read;
+* of several reductions over different loops that one kernel would hold side by side (a ResNet block's 3x3 conv plus
+  its 1x1 downsample conv), all but the largest, each with its own epilogue (_sibling_reductions).
 A long reduction into a small output is first rewritten into partials and a reduction over them (_split_reductions,
 SPLIT_REDUCE), so its partials kernel has a parallel outer loop. Everything else fuses into the kernel that consumes
 it: elementwise chains into their consumer, movement ops into index arithmetic (a view costs no copy), a reduction
@@ -204,8 +206,42 @@ def _find_realized(sink: UOp) -> dict[UOp, None]:
         for i, s in enumerate(u.src):
           stack.append((s, spread or u.op in (Ops.EXPAND, Ops.PAD) or (u.op is Ops.GATHER and i == 0), top, row))
     grow += [_owned_top(r, children, realize) for r, roots in users.items() if len(roots) > 1]
+    grow += _sibling_reductions(users, children, realize)
     if not (new := [g for g in grow if g not in realize]): return realize
     for g in new: realize[g] = None
+
+
+SIBLING_MIN_WORK = 1 << 16  # a sibling reduction that reads fewer elements stays fused (a kernel launch costs more)
+
+
+def _sibling_reductions(users: dict[UOp, set[UOp]], children: dict[UOp, list[UOp]], realize: dict[UOp, None]) -> list[UOp]:
+  """Reductions that would share a kernel with a larger one over other loops (a ResNet block's 3x3 conv and its 1x1
+  downsample conv added before the ReLU): one kernel holds two reduction nests the optimizer cannot tile together (it
+  ran at 15 GFLOPS, 50x slower than the two apart), so all but the largest get their own kernel and the largest's
+  epilogue reads them. Reductions over the same loops (a mean and a mean of squares) stay together."""
+  per_root: dict[UOp, list[UOp]] = {}
+  for r, roots in users.items():
+    if len(roots) == 1: per_root.setdefault(next(iter(roots)), []).append(r)
+  out: list[UOp] = []
+  for reds in per_root.values():
+    if len(reds) < 2 or not all(all(isinstance(d, int) for d in _shape(r.src[0])) for r in reds): continue
+    nests = {(_shape(r.src[0]), r.arg[1]) for r in reds}
+    if len(nests) < 2: continue
+    def work(r: UOp) -> int: return prod(_shape(r.src[0]))  # type: ignore[arg-type]
+    biggest = max(reds, key=work)
+    big_nest = (_shape(biggest.src[0]), biggest.arg[1])
+    out += [_own_epilogue(r, children, realize) for r in reds if (_shape(r.src[0]), r.arg[1]) != big_nest and work(r) >= SIBLING_MIN_WORK]
+  return out
+
+
+def _own_epilogue(red: UOp, children: dict[UOp, list[UOp]], realize: dict[UOp, None]) -> UOp:
+  """`red` and the elementwise ops after it that combine it with no other reduction (a bias, a folded BatchNorm)."""
+  top = last = red
+  while len(ch := children.get(top, [])) == 1 and (c := ch[0]).op in _EPILOGUE | {Ops.RESHAPE} and c not in realize and \
+      not any(x is not top and any(y.op is Ops.REDUCE_AXIS for y in x.toposort) for x in c.src):
+    top = c
+    if c.op is not Ops.RESHAPE: last = c
+  return last
 
 
 ROW_FUSE = ContextVar("ROW_FUSE", 1, (0, 1, 2))  # row statistics fused into their consumer: 0 never, 1 on devices without workgroups, 2 always

@@ -1,0 +1,200 @@
+"""OnnxModel: an ONNX graph run node by node on plugrad Tensors (lazy: the whole graph is one schedule when its outputs
+are read). Shape computations (Shape, and what is computed from shapes and small constants) are evaluated once per
+input-shape signature and kept on the host, so Reshape/Slice/Pad read their arguments without a device round trip and a
+TinyJit capture of the rest sees only kernels."""
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from plugrad.device.registry import Device
+from plugrad.dtype import DType, dtypes
+from plugrad.engine.jit import TinyJit
+from plugrad.onnx.dtypes import dtype_of
+from plugrad.onnx.errors import OnnxError, UnsupportedOnnxOpError
+from plugrad.onnx.ops import OPS, Ctx
+from plugrad.tensor import Tensor
+
+HOST_LIMIT = 4096  # a value computed only from host values is kept on the host when it has at most this many elements
+_MULTI_NAME = {"Max", "Min", "Sum", "Mean", "ArgMax", "ArgMin", "Resize", "Upsample"}  # one function, told which op it is
+
+
+def _onnx() -> Any:
+  try:
+    import onnx
+  except ImportError:
+    raise ImportError("plugrad.onnx needs the onnx package to parse models: pip install 'plugrad[onnx]' (or pip install onnx)") from None
+  return onnx
+
+
+@dataclass(frozen=True)
+class InputSpec:
+  name: str
+  dtype: DType
+  shape: tuple[int | str | None, ...]  # a symbolic dimension by its name (dim_param), None where the model says nothing
+
+
+def _attr(a: Any, where: str) -> Any:
+  onnx = _onnx()
+  v = onnx.helper.get_attribute_value(a)
+  if isinstance(v, bytes): return v.decode()
+  if isinstance(v, onnx.TensorProto): return onnx.numpy_helper.to_array(v)
+  if isinstance(v, list) and v and isinstance(v[0], bytes): return [s.decode() for s in v]
+  if isinstance(v, onnx.GraphProto): raise UnsupportedOnnxOpError(f"{where}: attribute {a.name} is a subgraph (control flow is not supported)")
+  return v
+
+
+def _constant(node: Any, where: str) -> np.ndarray:
+  attrs = {a.name: _attr(a, where) for a in node.attribute}
+  if "value" in attrs: return np.asarray(attrs["value"])
+  for name, dt in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64), ("value_ints", np.int64)):
+    if name in attrs: return np.array(attrs[name], dtype=dt)
+  raise UnsupportedOnnxOpError(f"{where}: Constant with {sorted(attrs)} (strings and sparse tensors are not supported)")
+
+
+class OnnxModel:
+  """An ONNX model on a plugrad device: `OnnxModel("model.onnx")(input_ids=ids)` returns a dict of output Tensors.
+
+  `model` is a path or an `onnx.ModelProto`; `device` a plugrad device name (default: the default device); `jit=True`
+  replays each input-shape signature's kernels from the third call on (TinyJit). Initializers are realized Tensors on
+  the device (`initializers`). Operators outside the supported set raise `UnsupportedOnnxOpError` at load, naming each
+  node and op."""
+
+  def __init__(self, model: str | os.PathLike[str] | Any, device: str | None = None, jit: bool = False):
+    onnx = _onnx()
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model))
+    self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    self.graph = proto.graph
+    self.opsets = {imp.domain or "ai.onnx": imp.version for imp in proto.opset_import}
+    self.nodes = list(self.graph.node)
+    missing = [f"{self._where(i)}" for i, n in enumerate(self.nodes) if (n.domain or "ai.onnx") != "ai.onnx" or
+               (n.op_type not in OPS and n.op_type != "Constant")]
+    if missing:
+      raise UnsupportedOnnxOpError(f"{len(missing)} node(s) use operators plugrad.onnx does not support: {', '.join(missing[:8])}"
+                                   + (" ..." if len(missing) > 8 else ""))
+    self._init_host: dict[str, np.ndarray] = {}
+    self.initializers: dict[str, Tensor] = {}
+    for init in self.graph.initializer:
+      arr = onnx.numpy_helper.to_array(init)
+      self.initializers[init.name] = self._upload(arr, f"initializer {init.name!r}").realize()
+      if arr.size <= HOST_LIMIT: self._init_host[init.name] = arr
+    self.inputs = [self._spec(vi) for vi in self.graph.input if vi.name not in self.initializers]
+    self.outputs = [o.name for o in self.graph.output]
+    self.jit = jit
+    self._jits: dict[tuple[Any, ...], TinyJit[Any]] = {}
+    self._folded: dict[tuple[Any, ...], list[np.ndarray]] = {}
+
+  def _where(self, i: int) -> str:
+    n = self.nodes[i]
+    dom = f"{n.domain}." if n.domain and n.domain != "ai.onnx" else ""
+    return f"node {i}{f' {n.name!r}' if n.name else ''} ({dom}{n.op_type})"
+
+  def _spec(self, vi: Any) -> InputSpec:
+    t = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"): raise UnsupportedOnnxOpError(f"input {vi.name!r}: only tensor inputs are supported")
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+    return InputSpec(vi.name, dtype_of(t.elem_type, f"input {vi.name!r}"), dims)
+
+  def _upload(self, arr: np.ndarray, what: str) -> Tensor:
+    if arr.dtype.kind in "OSU": raise UnsupportedOnnxOpError(f"{what}: string tensors are not supported")
+    arr = np.require(arr, requirements="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
+    if arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (what onnx's numpy_helper returns): its bits
+      return Tensor(arr.view(np.uint16), device=self.device).bitcast(dtypes.bfloat16)
+    return Tensor(arr, device=self.device)
+
+  def _input(self, spec: InputSpec, value: Any) -> Tensor:
+    if not isinstance(value, Tensor):
+      arr = np.asarray(value)
+      if spec.dtype is not dtypes.bfloat16 and arr.dtype != dtypes.to_numpy(spec.dtype):
+        if not np.can_cast(arr.dtype, dtypes.to_numpy(spec.dtype), casting="same_kind"):
+          raise OnnxError(f"input {spec.name!r}: the model takes {spec.dtype}, got a {arr.dtype} array")
+        arr = arr.astype(dtypes.to_numpy(spec.dtype))
+      value = self._upload(arr, f"input {spec.name!r}")
+    t = value
+    if t.dtype != spec.dtype: raise OnnxError(f"input {spec.name!r}: the model takes {spec.dtype}, got {t.dtype}")
+    if spec.shape and (len(t.shape) != len(spec.shape) or any(isinstance(d, int) and d and d != s for d, s in zip(spec.shape, t.shape))):
+      raise OnnxError(f"input {spec.name!r}: the model takes shape {spec.shape}, got {tuple(t.shape)}")
+    return t if t.device == self.device else t.to(self.device)
+
+  def __call__(self, **inputs: Any) -> dict[str, Tensor]:
+    names = {s.name for s in self.inputs}
+    if unknown := sorted(set(inputs) - names): raise OnnxError(f"unknown input(s) {unknown}; the model's inputs are {sorted(names)}")
+    if missing := sorted(names - set(inputs)): raise OnnxError(f"missing input(s) {missing}; the model's inputs are {sorted(names)}")
+    tensors = [self._input(s, inputs[s.name]) for s in self.inputs]
+    if not self.jit: return dict(zip(self.outputs, self._run(*tensors)))
+    key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+    if (jit := self._jits.get(key)) is None: jit = self._jits[key] = TinyJit(self._run_realized)
+    return dict(zip(self.outputs, jit(*tensors)))
+
+  def _run_realized(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+    outs = self._run(*tensors)
+    # a jitted output must be a buffer of its own (an output that is an input or an initializer is copied)
+    return tuple(o.contiguous().realize() for o in outs)
+
+  def _run(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+    env: dict[str, Tensor] = {**self.initializers, **{s.name: t for s, t in zip(self.inputs, tensors)}}
+    host_of: dict[str, np.ndarray] = dict(self._init_host)
+    host: dict[int, np.ndarray] = {id(self.initializers[k]): v for k, v in self._init_host.items()}
+    for i, node in enumerate(self.nodes):
+      where = self._where(i)
+      try: outs = self._node(i, node, where, env, host_of, host)
+      except OnnxError: raise
+      except Exception as e:
+        e.add_note(f"in ONNX {where}")
+        raise
+      for name, val in zip(node.output, outs):
+        if not name: continue
+        if isinstance(val, np.ndarray):
+          host_of[name] = val
+          val = self._upload(val, where)
+          host[id(val)] = host_of[name]
+        if val is not None: env[name] = val
+    try: return tuple(env[o] for o in self.outputs)
+    except KeyError as e: raise OnnxError(f"the graph never computes its output {e.args[0]!r}") from None
+
+  def _node(self, i: int, node: Any, where: str, env: dict[str, Tensor], host_of: dict[str, np.ndarray],
+            host: dict[int, np.ndarray]) -> list[Any]:
+    if node.op_type == "Constant": return [_constant(node, where)]
+    args: list[Tensor | None] = []
+    for name in node.input:
+      if not name: args.append(None)
+      elif name not in env: raise OnnxError(f"{where}: input {name!r} is computed by no earlier node")
+      else: args.append(env[name])
+    while args and args[-1] is None: args.pop()
+    # a node whose inputs are all host values (shapes, small constants) is evaluated once per their values
+    on_host = node.op_type in ("Shape", "Size") or (bool(node.input) and all(not n or n in host_of for n in node.input))
+    key = None
+    if on_host:
+      key = (i, tuple(tuple(env[n].shape) if node.op_type in ("Shape", "Size") else
+                      (host_of[n].dtype.str, host_of[n].shape, host_of[n].tobytes()) for n in node.input if n))
+      if (hit := self._folded.get(key)) is not None: return list(hit)
+    fn = OPS[node.op_type]
+    params = inspect.signature(fn).parameters
+    attrs = {a.name: _attr(a, where) for a in node.attribute}
+    if unknown := [a for a in attrs if a not in params]:
+      raise UnsupportedOnnxOpError(f"{where}: attribute(s) {unknown} are not supported")
+    if node.op_type in _MULTI_NAME: attrs["_op"] = node.op_type
+    ctx = Ctx(where, self.opsets.get(node.domain or "ai.onnx", 1), host, len(node.output), self.device)
+    out = fn(ctx, *args, **attrs)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    if len(outs) < len([n for n in node.output if n]):
+      raise OnnxError(f"{where}: the node names {len(node.output)} outputs, the operator makes {len(outs)}")
+    if key is not None and all(isinstance(o, Tensor) and o.numel() <= HOST_LIMIT for o in outs[:len(node.output)]):
+      arrays = [o.numpy() for o in outs[:len(node.output)] if isinstance(o, Tensor)]
+      self._folded[key] = arrays
+      return list(arrays)
+    return outs
+
+
+def run_onnx(model: str | os.PathLike[str] | Any, inputs: Mapping[str, Any], device: str | None = None) -> dict[str, np.ndarray]:
+  """Load and run once; the outputs as numpy arrays."""
+  outs = OnnxModel(model, device)(**inputs)
+  return {k: v.numpy() for k, v in outs.items()}
+
+
+__all__ = ["InputSpec", "OnnxModel", "run_onnx", "dtypes"]
