@@ -61,3 +61,23 @@ def test_bad_inputs_name_what_is_wrong() -> None:
   with pytest.raises(OnnxError, match=r"unknown input\(s\) \['y'\]"): pg(x=np.zeros((1, 4), np.int64), y=1)
   with pytest.raises(OnnxError, match="the model takes dtypes.int64, got a float32 array"): pg(x=np.zeros((1, 4), np.float32))
   with pytest.raises(OnnxError, match=r"takes shape \('batch', 'seq'\), got \(4,\)"): pg(x=np.zeros(4, np.int64))
+
+
+def test_cli_runs_a_model_and_names_bad_arguments(tmp_path: Path) -> None:
+  import subprocess
+  import sys
+  ob = _bench()
+  _, data = ob.export("decoder", ob.MODELS["decoder"][1](1, 4))
+  path = tmp_path / "decoder.onnx"
+  path.write_bytes(data)
+  run = lambda *a: subprocess.run([sys.executable, "-m", "plugrad", "onnx", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
+  out = run(str(path), "--dim", "batch=2", "--dim", "seq=7", "--runs", "2", "--jit")
+  assert out.returncode == 0, out.stderr
+  assert "input  x: (2, 7) int64" in out.stdout and "output " in out.stdout and "(2, 7, 8192) float32" in out.stdout
+  assert "warm best" in out.stdout
+  np.save(tmp_path / "ids.npy", np.zeros((1, 3), np.int64))
+  assert run(str(path), "--input", f"x={tmp_path / 'ids.npy'}", "--runs", "0").returncode == 0
+  bad = run(str(path), "--input", f"y={tmp_path / 'ids.npy'}")
+  assert bad.returncode == 2 and "--input names ['y'] are not inputs of the model; its inputs are ['x']" in bad.stderr
+  missing = run(str(tmp_path / "nope.onnx"))
+  assert missing.returncode == 1 and "nope.onnx" in missing.stderr

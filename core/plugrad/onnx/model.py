@@ -20,6 +20,7 @@ from plugrad.onnx.errors import OnnxError, UnsupportedOnnxOpError
 from plugrad.onnx.ops import OPS, Ctx
 from plugrad.tensor import Tensor
 
+DOMAINS = ("ai.onnx", "ai.onnx.preview")  # the operator sets mapped (the preview domain: FlexAttention)
 HOST_LIMIT = 4096  # a value computed only from host values is kept on the host when it has at most this many elements
 _MULTI_NAME = {"Max", "Min", "Sum", "Mean", "ArgMax", "ArgMin", "Resize", "Upsample"}  # one function, told which op it is
 
@@ -45,7 +46,6 @@ def _attr(a: Any, where: str) -> Any:
   if isinstance(v, bytes): return v.decode()
   if isinstance(v, onnx.TensorProto): return onnx.numpy_helper.to_array(v)
   if isinstance(v, list) and v and isinstance(v[0], bytes): return [s.decode() for s in v]
-  if isinstance(v, onnx.GraphProto): raise UnsupportedOnnxOpError(f"{where}: attribute {a.name} is a subgraph (control flow is not supported)")
   return v
 
 
@@ -72,9 +72,7 @@ class OnnxModel:
     self.graph = proto.graph
     self.opsets = {imp.domain or "ai.onnx": imp.version for imp in proto.opset_import}
     self.nodes = list(self.graph.node)
-    missing = [f"{self._where(i)}" for i, n in enumerate(self.nodes) if (n.domain or "ai.onnx") != "ai.onnx" or
-               (n.op_type not in OPS and n.op_type != "Constant")]
-    if missing:
+    if missing := _unsupported_nodes(self.graph):
       raise UnsupportedOnnxOpError(f"{len(missing)} node(s) use operators plugrad.onnx does not support: {', '.join(missing[:8])}"
                                    + (" ..." if len(missing) > 8 else ""))
     self._init_host: dict[str, np.ndarray] = {}
@@ -88,11 +86,6 @@ class OnnxModel:
     self.jit = jit
     self._jits: dict[tuple[Any, ...], TinyJit[Any]] = {}
     self._folded: dict[tuple[Any, ...], list[np.ndarray]] = {}
-
-  def _where(self, i: int) -> str:
-    n = self.nodes[i]
-    dom = f"{n.domain}." if n.domain and n.domain != "ai.onnx" else ""
-    return f"node {i}{f' {n.name!r}' if n.name else ''} ({dom}{n.op_type})"
 
   def _spec(self, vi: Any) -> InputSpec:
     t = vi.type.tensor_type
@@ -138,11 +131,15 @@ class OnnxModel:
 
   def _run(self, *tensors: Tensor) -> tuple[Tensor, ...]:
     env: dict[str, Tensor] = {**self.initializers, **{s.name: t for s, t in zip(self.inputs, tensors)}}
-    host_of: dict[str, np.ndarray] = dict(self._init_host)
     host: dict[int, np.ndarray] = {id(self.initializers[k]): v for k, v in self._init_host.items()}
-    for i, node in enumerate(self.nodes):
-      where = self._where(i)
-      try: outs = self._node(i, node, where, env, host_of, host)
+    scope = _Scope(env, dict(self._init_host), host)
+    return tuple(self._run_graph(self.nodes, [o.name for o in self.graph.output], scope, ()))
+
+  def _run_graph(self, nodes: list[Any], outputs: list[str], scope: _Scope, path: tuple[str, ...]) -> list[Tensor]:
+    """Run `nodes` in `scope` (the main graph, or a subgraph seeing its outer scope); `path` names the subgraph."""
+    for i, node in enumerate(nodes):
+      where = " / ".join([*path, _describe(i, node)])
+      try: outs = self._node(i, node, where, scope, path)
       except OnnxError: raise
       except Exception as e:
         e.add_note(f"in ONNX {where}")
@@ -150,38 +147,41 @@ class OnnxModel:
       for name, val in zip(node.output, outs):
         if not name: continue
         if isinstance(val, np.ndarray):
-          host_of[name] = val
+          scope.host_of[name] = val
           val = self._upload(val, where)
-          host[id(val)] = host_of[name]
-        if val is not None: env[name] = val
-    try: return tuple(env[o] for o in self.outputs)
-    except KeyError as e: raise OnnxError(f"the graph never computes its output {e.args[0]!r}") from None
+          scope.host[id(val)] = scope.host_of[name]
+        if val is not None: scope.env[name] = val
+    try: return [scope.env[o] for o in outputs]
+    except KeyError as e: raise OnnxError(f"{' / '.join(path) or 'the graph'} never computes its output {e.args[0]!r}") from None
 
-  def _node(self, i: int, node: Any, where: str, env: dict[str, Tensor], host_of: dict[str, np.ndarray],
-            host: dict[int, np.ndarray]) -> list[Any]:
+  def _node(self, i: int, node: Any, where: str, scope: _Scope, path: tuple[str, ...]) -> list[Any]:
     if node.op_type == "Constant": return [_constant(node, where)]
+    env, host_of = scope.env, scope.host_of
     args: list[Tensor | None] = []
     for name in node.input:
       if not name: args.append(None)
       elif name not in env: raise OnnxError(f"{where}: input {name!r} is computed by no earlier node")
       else: args.append(env[name])
     while args and args[-1] is None: args.pop()
+    graphs = {a.name: a.g for a in node.attribute if a.type == a.GRAPH}
     # a node whose inputs are all host values (shapes, small constants) is evaluated once per their values
-    on_host = node.op_type in ("Shape", "Size") or (bool(node.input) and all(not n or n in host_of for n in node.input))
+    on_host = not graphs and (node.op_type in ("Shape", "Size") or (bool(node.input) and all(not n or n in host_of for n in node.input)))
     key = None
     if on_host:
-      key = (i, tuple(tuple(env[n].shape) if node.op_type in ("Shape", "Size") else
-                      (host_of[n].dtype.str, host_of[n].shape, host_of[n].tobytes()) for n in node.input if n))
+      key = (path, i, tuple(tuple(env[n].shape) if node.op_type in ("Shape", "Size") else
+                            (host_of[n].dtype.str, host_of[n].shape, host_of[n].tobytes()) for n in node.input if n))
       if (hit := self._folded.get(key)) is not None: return list(hit)
     fn = OPS[node.op_type]
     params = inspect.signature(fn).parameters
-    attrs = {a.name: _attr(a, where) for a in node.attribute}
-    if unknown := [a for a in attrs if a not in params]:
+    attrs = {a.name: _attr(a, where) for a in node.attribute if a.type != a.GRAPH}
+    attrs.update({k: Subgraph(self, g, scope, (*path, f"{_describe(i, node)}.{k}")) for k, g in graphs.items()})
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())  # it checks the names itself
+    if not takes_any and (unknown := [a for a in attrs if a not in params]):
       raise UnsupportedOnnxOpError(f"{where}: attribute(s) {unknown} are not supported")
     if node.op_type in _MULTI_NAME: attrs["_op"] = node.op_type
-    ctx = Ctx(where, self.opsets.get(node.domain or "ai.onnx", 1), host, len(node.output), self.device)
+    ctx = Ctx(where, self.opsets.get(node.domain or "ai.onnx", 1), scope.host, len(node.output), self.device)
     out = fn(ctx, *args, **attrs)
-    outs = list(out) if isinstance(out, tuple) else [out]
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if len(outs) < len([n for n in node.output if n]):
       raise OnnxError(f"{where}: the node names {len(node.output)} outputs, the operator makes {len(outs)}")
     if key is not None and all(isinstance(o, Tensor) and o.numel() <= HOST_LIMIT for o in outs[:len(node.output)]):
@@ -189,6 +189,54 @@ class OnnxModel:
       self._folded[key] = arrays
       return list(arrays)
     return outs
+
+
+@dataclass
+class _Scope:
+  env: dict[str, Tensor]
+  host_of: dict[str, np.ndarray]  # the values known on the host, by name
+  host: dict[int, np.ndarray]  # the same, by id of their Tensor (what Ctx.ints reads)
+
+  def child(self) -> _Scope: return _Scope(dict(self.env), dict(self.host_of), dict(self.host))
+
+
+class Subgraph:
+  """A graph attribute (If's branches, Loop's and Scan's body, FlexAttention's score_mod): called with its inputs as
+  Tensors, it runs in a scope that sees the outer graph's values, and returns its outputs."""
+  def __init__(self, model: OnnxModel, graph: Any, scope: _Scope, path: tuple[str, ...]):
+    self.model, self.graph, self.scope, self.path = model, graph, scope, path
+    self.input_names = [vi.name for vi in graph.input]
+    self.nodes = list(graph.node)
+
+  def __call__(self, *inputs: Tensor) -> list[Tensor]:
+    if len(inputs) != len(self.input_names):
+      raise OnnxError(f"{' / '.join(self.path)}: the subgraph takes {len(self.input_names)} inputs, got {len(inputs)}")
+    onnx = _onnx()
+    scope = self.scope.child()
+    for init in self.graph.initializer:
+      arr = onnx.numpy_helper.to_array(init)
+      scope.env[init.name] = t = self.model._upload(arr, f"initializer {init.name!r}")
+      if arr.size <= HOST_LIMIT: scope.host_of[init.name], scope.host[id(t)] = arr, arr
+    for name, t in zip(self.input_names, inputs):
+      scope.env[name] = t
+      scope.host_of.pop(name, None)
+      if (arr := self.scope.host.get(id(t))) is not None: scope.host_of[name] = arr
+    return self.model._run_graph(self.nodes, [o.name for o in self.graph.output], scope, self.path)
+
+
+def _describe(i: int, n: Any) -> str:
+  dom = f"{n.domain}." if n.domain and n.domain != "ai.onnx" else ""
+  return f"node {i}{f' {n.name!r}' if n.name else ''} ({dom}{n.op_type})"
+
+
+def _unsupported_nodes(graph: Any, path: str = "") -> list[str]:
+  """Every node (subgraphs included) whose operator plugrad.onnx does not map."""
+  out = []
+  for i, n in enumerate(graph.node):
+    if (n.domain or "ai.onnx") not in DOMAINS or (n.op_type not in OPS and n.op_type != "Constant"): out.append(path + _describe(i, n))
+    for a in n.attribute:
+      if a.type == a.GRAPH: out += _unsupported_nodes(a.g, f"{path}{_describe(i, n)}.{a.name} / ")
+  return out
 
 
 def run_onnx(model: str | os.PathLike[str] | Any, inputs: Mapping[str, Any], device: str | None = None) -> dict[str, np.ndarray]:

@@ -4,6 +4,7 @@ returns a Tensor or a tuple of them. Values an operator needs as Python numbers 
 `ctx.ints`, which answers from the host copy the model keeps of shape computations, without a device round trip."""
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -27,6 +28,11 @@ class Ctx:
   # tensors an operator makes go to the model's device
   def tensor(self, a: np.ndarray) -> Tensor: return Tensor(a, device=self.device)
   def arange(self, n: int, dtype: DType | None = None) -> Tensor: return Tensor.arange(n, dtype=dtype, device=self.device)
+  def const(self, a: np.ndarray) -> Tensor:
+    """A tensor whose value stays known on the host (shape arithmetic reads it without a device round trip)."""
+    t = self.tensor(a)
+    self.host[id(t)] = a
+    return t
   def full(self, shape: Sequence[int], value: Any, dtype: DType) -> Tensor:
     return Tensor.full(tuple(shape), value, dtype=dtype, device=self.device)
 
@@ -1073,3 +1079,317 @@ def col2im(ctx: Ctx, x: Tensor, image_shape: Tensor, block_shape: Tensor, dilati
     out = v if out is None else out + v
   assert out is not None
   return out.pad(((0, 0), (0, 0), *[(-p[i], -p[i + nd]) for i in range(nd)]))
+
+
+# ---- recurrent state: linear attention, causal convolution
+
+def _heads(x: Tensor, n: int) -> Tensor:
+  """(b, t, n*d) -> (b, n, t, d)."""
+  b, t, hd = _sh(x)
+  return x.reshape(b, t, n, hd // n).permute(0, 2, 1, 3)
+
+@op("LinearAttention")
+def linear_attention(ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, past_state: Tensor | None = None, decay: Tensor | None = None,
+                     beta: Tensor | None = None, chunk_size: int = 0, kv_num_heads: int = 0, q_num_heads: int = 0,
+                     scale: float = 0.0, update_rule: str = "gated_delta") -> tuple[Tensor, Tensor]:
+  if update_rule not in ("linear", "gated", "delta", "gated_delta"): raise ctx.error(f"LinearAttention update_rule {update_rule!r}")
+  if not q_num_heads or not kv_num_heads or q_num_heads % kv_num_heads: raise ctx.error("q_num_heads must be a multiple of kv_num_heads")
+  gated, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+  if gated != (decay is not None) or delta != (beta is not None):
+    raise ctx.error(f"update_rule {update_rule!r} takes {'a' if gated else 'no'} decay and {'a' if delta else 'no'} beta input")
+  b, t, _ = _sh(q)
+  dk, dv, group = _sh(q)[-1] // q_num_heads, _sh(v)[-1] // kv_num_heads, q_num_heads // kv_num_heads
+  q4, k4, v4 = (_heads(z, n).float() for z, n in ((q, q_num_heads), (k, kv_num_heads), (v, kv_num_heads)))
+  # the decay is per head (last dim kv_num_heads) or per head and key dimension (kv_num_heads * dk)
+  g4 = None if decay is None else (decay.reshape(b, t, kv_num_heads, 1).permute(0, 2, 1, 3) if _sh(decay)[-1] == kv_num_heads
+                                   else _heads(decay, kv_num_heads)).float()
+  b4 = None if beta is None else beta.reshape(b, t, _sh(beta)[-1], 1).permute(0, 2, 1, 3).float()
+  state = past_state.float() if past_state is not None else ctx.full((b, kv_num_heads, dk, dv), 0, dtypes.float32)
+  sc = scale or 1 / math.sqrt(dk)
+  outs = []
+  for i in range(t):  # the recurrence, one step per position (state: (b, heads, dk, dv))
+    kt, vt = k4[:, :, i], v4[:, :, i]
+    if g4 is not None: state = state * g4[:, :, i].exp().unsqueeze(-1)
+    if b4 is not None: vt = b4[:, :, i] * (vt - (state * kt.unsqueeze(-1)).sum(2))
+    state = state + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+    read = state.repeat_interleave(group, 1) if group > 1 else state
+    outs.append(sc * (q4[:, :, i].unsqueeze(-1) * read).sum(2))  # (b, q_heads, dv)
+  y = Tensor.stack(*outs, dim=2).permute(0, 2, 1, 3).reshape(b, t, q_num_heads * dv).cast(q.dtype)
+  return y, state.cast(past_state.dtype if past_state is not None else q.dtype)
+
+@op("CausalConvWithState")
+def causal_conv_with_state(ctx: Ctx, x: Tensor, w: Tensor, bias: Tensor | None = None, past_state: Tensor | None = None,
+                           activation: str = "none") -> tuple[Tensor, Tensor]:
+  if activation not in ("none", "silu", "swish"): raise ctx.error(f"CausalConvWithState activation {activation!r}")
+  b, c, _ = _sh(x)
+  k = _sh(w)[2]
+  past = past_state if past_state is not None else ctx.full((b, c, k - 1), 0, x.dtype)
+  padded = past.cat(x, dim=2)
+  y = padded.conv2d(w, bias, groups=c)
+  if activation != "none": y = (y.float() * y.float().sigmoid()).cast(x.dtype)
+  return y, padded[:, :, _sh(padded)[2] - (k - 1):]
+
+
+# ---- grid sampling: every tap a gather from the flattened image, weighted
+
+def _reflect(v: Tensor, lo: float, hi: float) -> Tensor:
+  """Reflect v by the nearer border until it lies in [lo, hi] (the reference's rule, on Tensors)."""
+  rng = hi - lo
+  def fold(d: Tensor, near: float, far: float, sign: float) -> Tensor:  # d >= 0: how far past `near`
+    n = (d / rng).floor()
+    r = d - n * rng
+    return (n % 2 == 0).where(near + sign * r, far - sign * r)
+  below, above = fold(lo - v, lo, hi, 1.0), fold(v - hi, hi, lo, -1.0)
+  return (v < lo).where(below, (v > hi).where(above, v))
+
+@op("GridSample")
+def grid_sample(ctx: Ctx, x: Tensor, grid: Tensor, align_corners: int = 0, mode: str = "linear", padding_mode: str = "zeros") -> Tensor:
+  mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+  if mode not in ("nearest", "linear", "cubic"): raise ctx.error(f"GridSample mode {mode!r}")
+  if padding_mode not in ("zeros", "border", "reflection"): raise ctx.error(f"GridSample padding_mode {padding_mode!r}")
+  n, c, *dims = _sh(x)
+  out = _sh(grid)[1:-1]
+  nd = len(dims)
+  g = grid.float()
+  lo = [0.0 if align_corners else -0.5] * nd
+  hi = [d - 1.0 if align_corners else d - 0.5 for d in dims]
+  pos = []
+  for i, d in enumerate(dims):  # the grid's last axis holds x, y[, z]: the spatial axes reversed
+    gi = g[..., nd - 1 - i]
+    p = (gi + 1) / 2 * (d - 1) if align_corners else ((gi + 1) * d - 1) / 2
+    if mode == "nearest": p = p.round()
+    outside = (p < lo[i]) | (p > hi[i])
+    if padding_mode == "border": p = outside.where(p.clip(0, d - 1), p)
+    elif padding_mode == "reflection": p = _reflect(p, lo[i], hi[i])
+    pos.append(p)
+  offs = [0] if mode == "nearest" else [0, 1] if mode == "linear" else [-1, 0, 1, 2]
+  a = -0.75
+  def weight(f: Tensor, o: int) -> Tensor:
+    if mode == "nearest": return f * 0 + 1
+    if mode == "linear": return 1 - f if o == 0 else f
+    t = (f - o).abs()  # Keys' cubic kernel at the tap's distance
+    return (t <= 1).where(((a + 2) * t - (a + 3)) * t * t + 1, ((t * a - 5 * a) * t + 8 * a) * t - 4 * a)
+  base = [p if mode == "nearest" else p.floor() for p in pos]
+  frac = [p - b for p, b in zip(pos, base)]
+  flat = x.reshape(n, c, -1)
+  total = None
+  for combo in itertools.product(offs, repeat=nd):
+    w, idx, ok = None, None, None
+    for i, o in enumerate(combo):
+      t = base[i] + o
+      if padding_mode == "border": t = t.clip(0, dims[i] - 1)
+      elif padding_mode == "reflection": t = _reflect(t, lo[i], hi[i]).trunc().clip(0, dims[i] - 1)
+      inside = (t >= 0) & (t <= dims[i] - 1)
+      wi = weight(frac[i], o)
+      w = wi if w is None else w * wi
+      ok = inside if ok is None else ok & inside
+      ti = inside.where(t, 0).cast(dtypes.int32) * _prod(dims[i + 1:])
+      idx = ti if idx is None else idx + ti
+    assert w is not None and idx is not None and ok is not None
+    vals = flat.gather(2, idx.reshape(n, 1, -1).expand(n, c, _prod(out)))
+    term = vals * ok.where(w, 0).reshape(n, 1, -1).cast(vals.dtype)
+    total = term if total is None else total + term
+  assert total is not None
+  return total.reshape(n, c, *out).cast(x.dtype)
+
+
+# ---- recurrent layers: the recurrence unrolled over the (static) sequence, one direction at a time
+
+def _activation(name: str, alpha: float | None, beta: float | None) -> Callable[[Tensor], Tensor]:
+  acts: dict[str, Callable[[Tensor], Tensor]] = {
+    "sigmoid": Tensor.sigmoid, "tanh": Tensor.tanh, "relu": Tensor.relu,
+    "leakyrelu": lambda x: x.leaky_relu(0.01 if alpha is None else alpha),
+    "hardsigmoid": lambda x: ((0.2 if alpha is None else alpha) * x + (0.5 if beta is None else beta)).clip(0, 1),
+    "affine": lambda x: (1.0 if alpha is None else alpha) * x + (0.0 if beta is None else beta),
+    "scaledtanh": lambda x: (1.0 if alpha is None else alpha) * ((1.0 if beta is None else beta) * x).tanh(),
+    "thresholdedrelu": lambda x: (x > (1.0 if alpha is None else alpha)).where(x, 0),
+    "elu": lambda x: x.elu(1.0 if alpha is None else alpha), "softsign": Tensor.softsign, "softplus": Tensor.softplus}
+  if (fn := acts.get(name.lower())) is None: raise UnsupportedOnnxOpError(f"recurrent activation {name!r}")
+  return fn
+
+def _recurrent(ctx: Ctx, kind: str, x: Tensor, w: Tensor, r: Tensor, b: Tensor | None, lens: Tensor | None, h0: Tensor | None,
+               c0: Tensor | None, p: Tensor | None, attrs: dict[str, Any]) -> tuple[Tensor, ...]:
+  known = {"hidden_size", "layout", "direction", "activations", "activation_alpha", "activation_beta", "clip",
+           *({"GRU": ["linear_before_reset"], "LSTM": ["input_forget"]}.get(kind, []))}
+  if unknown := sorted(set(attrs) - known): raise ctx.unsupported(f"attribute(s) {unknown} are not supported")
+  gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+  hidden, layout, direction = attrs["hidden_size"], attrs.get("layout", 0), attrs.get("direction", "forward")
+  if layout: x = x.permute(1, 0, 2)  # (seq, batch, input)
+  seq, batch, _ = _sh(x)
+  if lens is not None and any(v != seq for v in ctx.ints(lens)):
+    raise ctx.unsupported(f"{kind} with sequence_lens shorter than the sequence ({ctx.ints(lens)} of {seq})")
+  dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+  n_act = {"RNN": 1, "GRU": 2, "LSTM": 3}[kind]
+  names = attrs.get("activations") or {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[kind] * len(dirs)
+  alphas, betas = list(attrs.get("activation_alpha") or []), list(attrs.get("activation_beta") or [])
+  clip = attrs.get("clip")
+  def clipped(t: Tensor) -> Tensor: return t.clip(-clip, clip) if clip is not None else t
+  ys, hs, cs = [], [], []
+  for d, dname in enumerate(dirs):
+    acts = [_activation(names[d * n_act + i], alphas[d * n_act + i] if d * n_act + i < len(alphas) else None,
+                        betas[d * n_act + i] if d * n_act + i < len(betas) else None) for i in range(n_act)]
+    wd, rd = w[d], r[d]  # (gates*hidden, input), (gates*hidden, hidden)
+    wb, rb = (b[d][: gates * hidden], b[d][gates * hidden:]) if b is not None else (None, None)
+    h = h0[d] if h0 is not None else ctx.full((batch, hidden), 0, x.dtype)
+    c = c0[d] if c0 is not None else ctx.full((batch, hidden), 0, x.dtype)
+    out: list[Tensor] = [x] * seq
+    steps = range(seq - 1, -1, -1) if dname == "reverse" else range(seq)
+    for t in steps:
+      xw = x[t] @ wd.T + (wb if wb is not None else 0)
+      hr = h @ rd.T + (rb if rb is not None else 0)
+      if kind == "RNN": h = acts[0](clipped(xw + hr))
+      elif kind == "GRU":
+        xz, xr, xh = xw.chunk(3, 1)
+        hz, hrr, hh = hr.chunk(3, 1)
+        z, rr = acts[0](clipped(xz + hz)), acts[0](clipped(xr + hrr))
+        if attrs.get("linear_before_reset", 0): cand = acts[1](clipped(xh + rr * hh))
+        else:
+          rbh = rb[2 * hidden:] if rb is not None else 0
+          cand = acts[1](clipped(xh + (rr * h) @ rd[2 * hidden:].T + rbh))
+        h = (1 - z) * cand + z * h
+      else:
+        gi, go, gf, gc = (xw + hr).chunk(4, 1)
+        pi, po, pf = (p[d][:hidden], p[d][hidden:2 * hidden], p[d][2 * hidden:]) if p is not None else (None, None, None)
+        i_ = acts[0](clipped(gi + (pi * c if pi is not None else 0)))
+        f_ = acts[0](clipped(gf + (pf * c if pf is not None else 0)))
+        if attrs.get("input_forget", 0): f_ = 1 - i_
+        c = f_ * c + i_ * acts[1](clipped(gc))
+        o_ = acts[0](clipped(go + (po * c if po is not None else 0)))
+        h = o_ * acts[2](c)
+      out[t] = h
+    ys.append(Tensor.stack(*out, dim=0))  # (seq, batch, hidden)
+    hs.append(h)
+    cs.append(c)
+  y = Tensor.stack(*ys, dim=1)  # (seq, dirs, batch, hidden)
+  yh, yc = Tensor.stack(*hs, dim=0), Tensor.stack(*cs, dim=0)
+  if layout: y, yh, yc = y.permute(2, 0, 1, 3), yh.permute(1, 0, 2), yc.permute(1, 0, 2)
+  return (y, yh, yc) if kind == "LSTM" else (y, yh)
+
+def _recurrent_op(kind: str) -> OpFn:
+  def run(ctx: Ctx, x: Tensor, w: Tensor, r: Tensor, b: Tensor | None = None, lens: Tensor | None = None, h0: Tensor | None = None,
+          c0: Tensor | None = None, p: Tensor | None = None, **attrs: Any) -> tuple[Tensor, ...]:
+    return _recurrent(ctx, kind, x, w, r, b, lens, h0, c0, p, attrs)
+  return run
+
+for _k in ("RNN", "GRU", "LSTM"): OPS[_k] = _recurrent_op(_k)
+
+
+# ---- detection and linear algebra
+
+@op("NonMaxSuppression")
+def non_max_suppression(ctx: Ctx, boxes: Tensor, scores: Tensor, max_out: Tensor | None = None, iou_threshold: Tensor | None = None,
+                        score_threshold: Tensor | None = None, center_point_box: int = 0) -> Tensor:
+  limit = max(int(ctx.scalar(max_out)), 0) if max_out is not None and max_out.numel() else 0
+  iou_t = float(ctx.scalar(iou_threshold)) if iou_threshold is not None and iou_threshold.numel() else 0.0
+  b = boxes.float()
+  if center_point_box:
+    x0, x1 = b[..., 0] - b[..., 2] / 2, b[..., 0] + b[..., 2] / 2
+    y0, y1 = b[..., 1] - b[..., 3] / 2, b[..., 1] + b[..., 3] / 2
+  else:
+    x0, x1 = b[..., 1].minimum(b[..., 3]), b[..., 1].maximum(b[..., 3])
+    y0, y1 = b[..., 0].minimum(b[..., 2]), b[..., 0].maximum(b[..., 2])
+  def pair(t: Tensor) -> tuple[Tensor, Tensor]: return t.unsqueeze(2), t.unsqueeze(1)  # (n, boxes, 1), (n, 1, boxes)
+  (ax0, bx0), (ax1, bx1), (ay0, by0), (ay1, by1) = pair(x0), pair(x1), pair(y0), pair(y1)
+  iw, ih = ax1.minimum(bx1) - ax0.maximum(bx0), ay1.minimum(by1) - ay0.maximum(by0)
+  inter = iw * ih
+  area_a, area_b = (ax1 - ax0) * (ay1 - ay0), (bx1 - bx0) * (by1 - by0)
+  union = area_a + area_b - inter
+  ok = (iw > 0) & (ih > 0) & (area_a > 0) & (area_b > 0) & (union > 0)
+  suppress = (ok & (inter / ok.where(union, 1) > iou_t)).numpy()  # (n, boxes, boxes)
+  # the greedy selection is sequential and its output's length is the data's: on the host
+  sc = scores.float().numpy()
+  thr = float(ctx.scalar(score_threshold)) if score_threshold is not None and score_threshold.numel() else None
+  picked: list[tuple[int, int, int]] = []
+  for n in range(sc.shape[0]):
+    for c in range(sc.shape[1]):
+      cand = [i for i in range(sc.shape[2]) if thr is None or sc[n, c, i] > thr]
+      cand.sort(key=lambda i: (-sc[n, c, i], i))
+      chosen: list[int] = []
+      for i in cand:
+        if len(chosen) >= limit: break
+        if not any(suppress[n, i, j] for j in chosen): chosen.append(i)
+      picked += [(n, c, i) for i in chosen]
+  return ctx.tensor(np.array(picked, dtype=np.int64).reshape(-1, 3))
+
+def _det(m: Tensor, n: int) -> Tensor:
+  """The determinant of (..., n, n) by cofactor expansion along the first row (exact in the formula; n! terms)."""
+  if n == 1: return m[..., 0, 0]
+  if n == 2: return m[..., 0, 0] * m[..., 1, 1] - m[..., 0, 1] * m[..., 1, 0]
+  total = None
+  for j in range(n):
+    cols = [k for k in range(n) if k != j]
+    minor = Tensor.stack(*[m[..., 1:, k] for k in cols], dim=-1)
+    term = m[..., 0, j] * _det(minor, n - 1) * (1 if j % 2 == 0 else -1)
+    total = term if total is None else total + term
+  assert total is not None
+  return total
+
+@op("Det")
+def det(ctx: Ctx, x: Tensor) -> Tensor:
+  n = _sh(x)[-1]
+  if n > 6: raise ctx.unsupported(f"Det of {n}x{n} matrices (cofactor expansion is used up to 6x6)")
+  return _det(x, n)
+
+
+# ---- control flow and graph attributes (a Subgraph is called with its inputs, returns its outputs)
+
+Graph = Callable[..., list[Tensor]]
+
+@op("If")
+def if_(ctx: Ctx, cond: Tensor, then_branch: Graph, else_branch: Graph) -> tuple[Tensor, ...]:
+  # the branch taken decides the graph: read on the host (the graph is realized up to the condition)
+  return tuple((then_branch if bool(ctx.scalar(cond)) else else_branch)())
+
+@op("Loop")
+def loop(ctx: Ctx, trip: Tensor | None, cond: Tensor | None, *carried: Tensor, body: Graph) -> tuple[Tensor, ...]:
+  n = int(ctx.scalar(trip)) if trip is not None else None
+  go = bool(ctx.scalar(cond)) if cond is not None else True
+  state, scans, i = list(carried), [], 0
+  while go and (n is None or i < n):
+    outs = body(ctx.const(np.array(i, np.int64)), ctx.const(np.array(go)), *state)
+    go = bool(ctx.scalar(outs[0]))
+    state, step = outs[1:1 + len(state)], outs[1 + len(state):]
+    scans.append(step)
+    i += 1
+  if scans and scans[0]: return (*state, *[Tensor.stack(*col, dim=0) for col in zip(*scans)])
+  if ctx.n_outputs > len(state): raise ctx.unsupported("Loop with scan outputs that ran no iteration (their shape is unknown)")
+  return tuple(state)
+
+@op("Scan")
+def scan(ctx: Ctx, *xs: Tensor, body: Graph, num_scan_inputs: int = 0, scan_input_axes: Sequence[int] | None = None,
+         scan_input_directions: Sequence[int] | None = None, scan_output_axes: Sequence[int] | None = None,
+         scan_output_directions: Sequence[int] | None = None) -> tuple[Tensor, ...]:
+  if ctx.opset < 9: raise ctx.unsupported("Scan before opset 9 (a batch axis and sequence_lens)")
+  m = num_scan_inputs
+  state, seqs = list(xs[:len(xs) - m]), list(xs[len(xs) - m:])
+  in_axes = [_axis(a, s.ndim) for a, s in zip(scan_input_axes or [0] * m, seqs)]
+  in_dirs = list(scan_input_directions or [0] * m)
+  length = _sh(seqs[0])[in_axes[0]]
+  steps: list[list[Tensor]] = []
+  for t in range(length):
+    sl = [s[(slice(None),) * a + ((length - 1 - t) if d else t,)] for s, a, d in zip(seqs, in_axes, in_dirs)]
+    outs = body(*state, *sl)
+    state = outs[:len(state)]
+    steps.append(outs[len(state):])
+  n_out = len(steps[0]) if steps else 0
+  out_axes, out_dirs = list(scan_output_axes or [0] * n_out), list(scan_output_directions or [0] * n_out)
+  results = []
+  for j in range(n_out):
+    col = [st[j] for st in steps]
+    if out_dirs[j]: col = col[::-1]
+    results.append(Tensor.stack(*col, dim=_axis(out_axes[j], col[0].ndim + 1)))
+  return (*state, *results)
+
+@op("FlexAttention")
+def flex_attention(ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, score_mod: Graph | None = None,
+                   prob_mod: Graph | None = None, softmax_precision: int | None = None) -> Tensor:
+  hq, hk = _sh(q)[1], _sh(k)[1]
+  if hq != hk: k, v = k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hk, 1)
+  s = math.sqrt(scale if scale is not None else 1 / math.sqrt(_sh(q)[-1]))
+  compute = dtype_of(softmax_precision, ctx.node) if softmax_precision is not None else \
+    dtypes.float32 if q.dtype in (dtypes.float16, dtypes.bfloat16) else q.dtype
+  scores = ((q * s) @ (k * s).transpose(-1, -2)).cast(compute)
+  if score_mod is not None: scores = score_mod(scores)[0].cast(compute)
+  p = scores.softmax(-1)
+  if prob_mod is not None: p = prob_mod(p)[0].cast(compute)
+  return (p @ v.cast(compute)).cast(v.dtype)
