@@ -3,6 +3,7 @@ used from several threads at once, and every result equals the single-threaded o
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,10 @@ def test_creating_tensors_while_another_thread_realizes() -> None:
     while not stop.is_set():  # new tensors replace old ones: the registry keeps changing, its size stays bounded
       for i in range(50): held[(n * 50 + i) % len(held)] = Tensor([1.0, 2.0]) + i
       n += 1
+      # hand the GIL over between batches: without it this loop could starve the realizing thread (its 200 realizes
+      # took 60-250 s depending on the interpreter's switching, past the hang timeout); the registry still changes
+      # under every realize
+      time.sleep(0)
     return n
   def realize() -> list[np.ndarray]:
     try: return [(Tensor([float(i)]) * 2).numpy() for i in range(200)] + _eager(7, 20)
@@ -95,6 +100,7 @@ def test_recordings_capture_no_foreign_kernel() -> None:
     while not stop.is_set():
       (other * 0 + 7).realize()  # a foreign kernel: in a capture it would be a "mul"/"add" on 16 elements
       n += 1
+      time.sleep(0)  # hand the GIL over (as in test_creating_tensors_while_another_thread_realizes)
     return n
   def record() -> list[int]:
     try:
@@ -116,7 +122,9 @@ def test_replays_never_touch_the_other_threads_buffers() -> None:
   def f(a: Tensor) -> Tensor: return (a * 2 + 1).contiguous()
   mine = Tensor(np.zeros(8, np.float32)).realize()
   def eager() -> None:
-    while not stop.is_set(): mine.assign(mine + 1).realize()
+    while not stop.is_set():
+      mine.assign(mine + 1).realize()
+      time.sleep(0)  # hand the GIL over (as in test_creating_tensors_while_another_thread_realizes)
   def jitted() -> list[np.ndarray]:
     try: return [f(Tensor(np.full(8, float(i), np.float32)).realize()).numpy() for i in range(30)]
     finally: stop.set()
