@@ -81,3 +81,19 @@ def test_cli_runs_a_model_and_names_bad_arguments(tmp_path: Path) -> None:
   assert bad.returncode == 2 and "--input names ['y'] are not inputs of the model; its inputs are ['x']" in bad.stderr
   missing = run(str(tmp_path / "nope.onnx"))
   assert missing.returncode == 1 and "nope.onnx" in missing.stderr
+
+
+def test_jit_captures_and_host_results_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+  from onnx import TensorProto, helper
+
+  from plugrad.onnx import model as onnx_model
+  monkeypatch.setattr(onnx_model, "MAX_JITS", 2)
+  monkeypatch.setattr(onnx_model, "MAX_FOLDED", 3)
+  x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+  y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
+  g = helper.make_graph([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["r"]),
+                         helper.make_node("Add", ["r", "r"], ["y"])], "g", [x], [y])
+  m = OnnxModel(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), jit=True)
+  for n in (3, 4, 5, 3, 6, 7):
+    np.testing.assert_array_equal(m(x=np.arange(n, dtype=np.float32))["y"].numpy(), 2 * np.arange(n, dtype=np.float32))
+  assert len(m._jits) == 2 and len(m._folded) <= 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +85,9 @@ class OnnxModel:
     self.inputs = [self._spec(vi) for vi in self.graph.input if vi.name not in self.initializers]
     self.outputs = [o.name for o in self.graph.output]
     self.jit = jit
-    self._jits: dict[tuple[Any, ...], TinyJit[Any]] = {}
-    self._folded: dict[tuple[Any, ...], list[np.ndarray]] = {}
+    # both bounded, so a server feeding ever new shapes keeps a fixed footprint (least recently used out first)
+    self._jits: OrderedDict[tuple[Any, ...], TinyJit[Any]] = OrderedDict()
+    self._folded: OrderedDict[tuple[Any, ...], list[np.ndarray]] = OrderedDict()
 
   def _spec(self, vi: Any) -> InputSpec:
     t = vi.type.tensor_type
@@ -122,6 +124,7 @@ class OnnxModel:
     if not self.jit: return dict(zip(self.outputs, self._run(*tensors)))
     key = tuple((tuple(t.shape), t.dtype) for t in tensors)
     if (jit := self._jits.get(key)) is None: jit = self._jits[key] = TinyJit(self._run_realized)
+    _touch(self._jits, key, MAX_JITS)
     return dict(zip(self.outputs, jit(*tensors)))
 
   def _run_realized(self, *tensors: Tensor) -> tuple[Tensor, ...]:
@@ -170,7 +173,9 @@ class OnnxModel:
     if on_host:
       key = (path, i, tuple(tuple(env[n].shape) if node.op_type in ("Shape", "Size") else
                             (host_of[n].dtype.str, host_of[n].shape, host_of[n].tobytes()) for n in node.input if n))
-      if (hit := self._folded.get(key)) is not None: return list(hit)
+      if (hit := self._folded.get(key)) is not None:
+        self._folded.move_to_end(key)
+        return list(hit)
     fn = OPS[node.op_type]
     params = inspect.signature(fn).parameters
     attrs = {a.name: _attr(a, where) for a in node.attribute if a.type != a.GRAPH}
@@ -187,8 +192,18 @@ class OnnxModel:
     if key is not None and all(isinstance(o, Tensor) and o.numel() <= HOST_LIMIT for o in outs[:len(node.output)]):
       arrays = [o.numpy() for o in outs[:len(node.output)] if isinstance(o, Tensor)]
       self._folded[key] = arrays
+      _touch(self._folded, key, MAX_FOLDED)
       return list(arrays)
     return outs
+
+
+MAX_JITS = 16  # input-shape signatures whose TinyJit capture is kept
+MAX_FOLDED = 16384  # host-evaluated node results kept (a few per node and shape signature)
+
+
+def _touch(cache: OrderedDict[Any, Any], key: Any, cap: int) -> None:
+  cache.move_to_end(key)
+  while len(cache) > cap: cache.popitem(last=False)
 
 
 @dataclass
