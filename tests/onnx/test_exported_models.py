@@ -70,7 +70,7 @@ def test_cli_runs_a_model_and_names_bad_arguments(tmp_path: Path) -> None:
   _, data = ob.export("decoder", ob.MODELS["decoder"][1](1, 4))
   path = tmp_path / "decoder.onnx"
   path.write_bytes(data)
-  run = lambda *a: subprocess.run([sys.executable, "-m", "plugrad", "onnx", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
+  run = lambda *a: subprocess.run([sys.executable, "-m", "plugrad", "onnx", *a], capture_output=True, text=True, timeout=300)
   out = run(str(path), "--dim", "batch=2", "--dim", "seq=7", "--runs", "2", "--jit")
   assert out.returncode == 0, out.stderr
   assert "input  x: (2, 7) int64" in out.stdout and "output " in out.stdout and "(2, 7, 8192) float32" in out.stdout
