@@ -1393,3 +1393,38 @@ def flex_attention(ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | Non
   p = scores.softmax(-1)
   if prob_mod is not None: p = prob_mod(p)[0].cast(compute)
   return (p @ v.cast(compute)).cast(v.dtype)
+
+
+@op("DeformConv")
+def deform_conv(ctx: Ctx, x: Tensor, w: Tensor, offset: Tensor, b: Tensor | None = None, mask: Tensor | None = None,
+                dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
+                offset_group: int = 1, pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+  """Each kernel tap samples the input bilinearly (zeros outside) at its regular position plus the offset (GridSample
+  does the sampling), scaled by the mask; the taps then contract with the weights like a grouped convolution."""
+  n, ic, ih, iw = _sh(x)
+  oc, icg, kh, kw = _sh(w) if kernel_shape is None else (_sh(w)[0], _sh(w)[1], *kernel_shape)
+  oh, ow = _sh(offset)[2:]
+  sth, stw = strides or (1, 1)
+  dh, dw = dilations or (1, 1)
+  ph, pw = (pads or (0, 0, 0, 0))[:2]
+  k = kh * kw
+  off = offset.reshape(n, offset_group, kh, kw, 2, oh, ow)
+  msk = (mask if mask is not None else ctx.full((n, offset_group * k, oh, ow), 1, x.dtype)).reshape(n, offset_group, kh, kw, oh, ow)
+  rows = ctx.arange(oh).reshape(1, oh, 1).cast(x.dtype) * sth - ph
+  cols = ctx.arange(ow).reshape(1, 1, ow).cast(x.dtype) * stw - pw
+  per_group = ic // offset_group
+  taps = []  # (n, ic, oh, ow) per tap
+  for a in range(kh):
+    for c in range(kw):
+      sampled = []
+      for g in range(offset_group):
+        py, px = rows + a * dh + off[:, g, a, c, 0], cols + c * dw + off[:, g, a, c, 1]
+        grid = (px / (iw - 1) * 2 - 1).unsqueeze(-1).cat((py / (ih - 1) * 2 - 1).unsqueeze(-1), dim=-1)
+        s = grid_sample(ctx, x[:, g * per_group:(g + 1) * per_group], grid, align_corners=1)
+        sampled.append(s * msk[:, g, a, c].unsqueeze(1))
+      taps.append(sampled[0].cat(*sampled[1:], dim=1) if offset_group > 1 else sampled[0])
+  col = Tensor.stack(*taps, dim=2)  # (n, ic, k, oh, ow)
+  col = col.reshape(n, group, icg * k, oh * ow)
+  wg = w.reshape(group, oc // group, icg * k)
+  y = (wg.unsqueeze(0) @ col).reshape(n, oc, oh, ow)  # (n, group, oc/group, oh*ow)
+  return y if b is None else y + b.reshape(1, -1, 1, 1)
