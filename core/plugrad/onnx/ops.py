@@ -665,7 +665,6 @@ def dropout(ctx: Ctx, x: Tensor, ratio: Tensor | None = None, training_mode: Ten
 @op("NegativeLogLikelihoodLoss")
 def nll_loss(ctx: Ctx, x: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
              reduction: str = "mean") -> Tensor:
-  c = _sh(x)[1]
   t = target.cast(dtypes.int32)
   valid = (t != ignore_index) if ignore_index is not None else ctx.full(_sh(t), True, dtypes.bool)
   safe = valid.where(t, 0)
@@ -673,7 +672,6 @@ def nll_loss(ctx: Ctx, x: Tensor, target: Tensor, weight: Tensor | None = None, 
   w = weight[safe] if weight is not None else ctx.full(_sh(t), 1, x.dtype)
   w = valid.where(w, 0).cast(x.dtype)
   loss = picked * w
-  del c
   if reduction == "none": return loss
   if reduction == "sum": return loss.sum()
   if reduction == "mean": return loss.sum() / w.sum()
@@ -698,7 +696,7 @@ def _per_axis(ctx: Ctx, p: Tensor, x: Tensor, axis: int, block_size: int) -> Ten
 def dequantize(ctx: Ctx, x: Tensor, scale: Tensor, zero: Tensor | None = None, axis: int = 1, block_size: int = 0,
                output_dtype: int = 0) -> Tensor:
   s = _per_axis(ctx, scale, x, axis, block_size)
-  xf = x.cast(dtypes.float32) if x.dtype != dtypes.int32 else x.cast(dtypes.float32)
+  xf = x.cast(dtypes.float32)
   if zero is not None: xf = xf - _per_axis(ctx, zero, x, axis, block_size).cast(dtypes.float32)
   return (xf * s.cast(dtypes.float32)).cast(scale.dtype)
 
@@ -836,13 +834,12 @@ def resize(ctx: Ctx, x: Tensor, roi: Tensor | None = None, scales: Tensor | None
   else: raise ctx.error("Resize needs scales or sizes")
   assert sc is not None
   rois = [float(v) for v in ctx.array(roi).reshape(-1)] if roi is not None and roi.numel() else []
-  mode_ = mode if _op != "Upsample" or mode != "linear" else "linear"
   out = x.float() if not dtypes.is_float(x.dtype) else x
   for j, a in enumerate(ax):
     n_in, n_out = _sh(x)[a], sz[j]
     if n_in == n_out and sc[j] == 1.0 and coordinate_transformation_mode != "tf_crop_and_resize": continue
     roi_a = (rois[j], rois[j + len(ax)]) if rois else (0.0, 1.0)
-    m, outside = _resize_matrix(n_in, n_out, sc[j], mode_, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
+    m, outside = _resize_matrix(n_in, n_out, sc[j], mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
                                 exclude_outside, antialias, roi_a)
     moved = out.transpose(a, -1)
     moved = moved @ ctx.tensor(m.T.astype(np.float32)).cast(out.dtype)
