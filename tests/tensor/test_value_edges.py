@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 F = pytest.importorskip("torch.nn.functional")
 
 import plugrad.tensor.elementwise as E
-from plugrad import Tensor, dtypes
+from plugrad import Device, Tensor, dtypes
+from plugrad.uop.ops import Ops
 
 RNG = np.random.default_rng(32)
 
@@ -68,18 +69,34 @@ def _big_args(dt: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("path", ["payne-hanek", "cody-waite"])
-def test_cos_tan_large_float32_arguments(path, monkeypatch):
-  """cos/tan of float32 anywhere in its range within a few ulp of the exact value (float64 numpy of the same float32),
-  by Payne-Hanek in float64 and by the float32 Cody-Waite reduction of devices without float64 (exact below 2^22;
-  cos absolute within 2 ulp of 1 past it)."""
+def test_sin_cos_tan_large_float32_arguments(path, monkeypatch):
+  """sin/cos/tan of float32 anywhere in its range within a few ulp of the exact value (float64 numpy of the same float32),
+  by Payne-Hanek in float64 and by the float32 Cody-Waite reduction of devices without float64 (exact below 2^22).
+  Past 2^22 that path takes the device's own sin: on a device whose vector sin is the shared polynomial (the CPU's) that
+  is nan, as docs/writing-a-backend.md says; otherwise cos is absolutely within 2 ulp of 1 there."""
   if path == "cody-waite": monkeypatch.setattr(E, "_has_float64", lambda device: False)
   x = _big_args("float32")
-  want_cos, want_tan = np.cos(x.astype(np.float64)), np.tan(x.astype(np.float64))
-  cos, tan = Tensor(x).cos().numpy(), Tensor(x).tan().numpy()
+  xd = x.astype(np.float64)
+  want_sin, want_cos, want_tan = np.sin(xd), np.cos(xd), np.tan(xd)
+  sin, cos, tan = Tensor(x).sin().numpy(), Tensor(x).cos().numpy(), Tensor(x).tan().numpy()
   exact = np.abs(x) < 2.0 ** 22 if path == "cody-waite" else np.ones(x.shape, bool)
+  assert (np.abs(sin - want_sin) <= 2e-7 * np.maximum(np.abs(want_sin), 1e-3))[exact].all()
   assert (np.abs(cos - want_cos) <= 2e-7 * np.maximum(np.abs(want_cos), 1e-3))[exact].all()
   assert (np.abs(tan - want_tan) <= 4e-7 * np.abs(want_tan))[exact].all()
-  assert (np.abs(cos - want_cos) <= 2.4e-7)[~exact].all()
+  if Device[Device.DEFAULT].renderer.math_is_native(Ops.SIN, dtypes.float32.vec(16)):
+    assert (np.abs(cos - want_cos) <= 2.4e-7)[~exact].all() and (np.abs(sin - want_sin) <= 2.4e-7)[~exact].all()
+  else: assert np.isnan(cos[~exact]).all() and np.isnan(sin[~exact]).all()
+
+
+def test_sin_cos_of_a_bounded_argument_skip_payne_hanek():
+  """An argument whose magnitude the graph bounds below 2^22 (randn's 2πu, RoPE's position x frequency) is reduced by
+  float32 Cody-Waite, with no float64 in the kernel, and is as exact."""
+  angles = Tensor.arange(4096).float() * 0.37
+  assert E.magnitude_bound(angles.uop) < 1600 and E.magnitude_bound(Tensor.rand(4).realize().uop) == float("inf")
+  want = np.arange(4096) * np.float32(0.37)
+  np.testing.assert_allclose(angles.cos().numpy(), np.cos(want.astype(np.float32).astype(np.float64)), atol=2e-7)
+  np.testing.assert_allclose(angles.sin().numpy(), np.sin(want.astype(np.float32).astype(np.float64)), atol=2e-7)
+  assert not any(u.dtype.scalar() is dtypes.float64 for u in angles.sin().uop.toposort)
 
 
 def test_cos_tan_float64_and_half():
@@ -95,6 +112,8 @@ def test_cos_tan_gradients_at_large_arguments():
   xd = x.numpy().astype(np.float64)
   (gc,) = x.cos().sum().gradient(x)
   (gt,) = x.tan().sum().gradient(x)
+  (gs,) = x.sin().sum().gradient(x)
+  np.testing.assert_allclose(gs.numpy(), np.cos(xd), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(gc.numpy(), -np.sin(xd), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(gt.numpy(), 1 / np.cos(xd) ** 2, rtol=1e-5)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float
 from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, broadcast_shape, const_uop, in_float32, tensor_cls
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
@@ -417,7 +417,18 @@ def logaddexp(self: Tensor, other: Tensor | Scalar) -> Tensor:
 
 # ---- trigonometric and hyperbolic
 
-def sin(self: Tensor) -> Tensor: return _alu(Ops.SIN, _floats(self))
+def sin(self: Tensor) -> Tensor:
+  """sin(θ + k·π/2) from the reduced θ (`_reduced`): ±sin(θ) or ±sin(π/2 - θ), as cos does, so the device's SIN only
+  ever sees |θ| <= 3π/4 (where its polynomial, if it has one, is exact); past the exact range the device's own sin."""
+  x = _floats(self)
+  k, theta, big, wide = _reduced(x)
+  v = _is(k, 1, 3).where(math.pi / 2 - theta, theta).cast(wide)._sin_device()
+  ret = _is(k, 2, 3).where(-v, v)
+  if big is not None: ret = big.where(big.where(x, 0.0).cast(wide)._sin_device(), ret)
+  return ret.cast(x.dtype)
+
+
+def _sin_device(self: Tensor) -> Tensor: return _alu(Ops.SIN, _floats(self))
 
 
 def _binary_digits(k: int, denominator: int) -> int:
@@ -479,6 +490,52 @@ def _reduce_cody_waite(x: Tensor, parts: tuple[float, ...], split: int) -> tuple
   return _mod4(n), r
 
 
+_PASS_BOUND = GroupOp.Movement | {Ops.CONTIGUOUS, Ops.DETACH, Ops.CAST}
+_MAGNITUDE_NODES = 512  # a bound is looked for this far into the graph, no further
+
+
+def magnitude_bound(root: UOp) -> float:
+  """An upper bound on |value| of every element of tensor-graph `root`, inf where it cannot tell: interval arithmetic
+  through constants, iotas, bound Variables, movement ops, casts and + - * max where, from the integers up (a random
+  draw's words, `arange`). A realized buffer is unbounded. Float rounding is covered by a margin, so the bound is for
+  choosing an algorithm (sin's argument reduction), never for folding a comparison."""
+  memo: dict[UOp, float] = {}
+  stack = [root]
+  while stack:
+    u = stack[-1]
+    if u in memo: stack.pop(); continue
+    inner = u.op in _PASS_BOUND or u.op in GroupOp.ALU or u.op is Ops.BIND  # bounded by its sources'
+    if inner and (todo := [x for x in u.src if x not in memo]):
+      if len(memo) + len(stack) > _MAGNITUDE_NODES: return math.inf
+      stack.extend(todo)
+      continue
+    stack.pop()
+    memo[u] = _node_magnitude(u, [memo[x] for x in u.src] if inner else [])
+  return memo[root] * (1 + 2.0 ** -10)
+
+
+def _node_magnitude(u: UOp, src: list[float]) -> float:
+  dt = u.dtype.scalar()
+  if dt is dtypes.bool: return 1.0
+  # an integer is bounded by its dtype, also where a wrap-around makes the interval below meaningless
+  limit = math.inf if dtypes.is_float(dt) or dt is dtypes.index else float(max(-dtypes.min(dt), dtypes.max(dt)))
+  op = u.op
+  if op is Ops.CONST: b = math.fabs(u.arg) if not (isinstance(u.arg, float) and math.isnan(u.arg)) else math.inf
+  elif op is Ops.IOTA: b = float(max(u.arg - 1, 0))
+  elif op is Ops.DEFINE_VAR: b = float(max(-u.arg[1], u.arg[2], 0))
+  elif not src: b = math.inf
+  elif op in _PASS_BOUND or op is Ops.BIND: b = src[0]
+  elif op in (Ops.ADD, Ops.SUB): b = src[0] + src[1]
+  elif op is Ops.MUL: b = src[0] * src[1] if src[0] and src[1] else 0.0
+  elif op in (Ops.NEG, Ops.TRUNC): b = src[0]
+  elif op is Ops.MAX: b = max(src)
+  elif op is Ops.WHERE: b = max(src[1], src[2])
+  elif op is Ops.SHR and dtypes.is_unsigned(dt): b = math.ldexp(src[0], -u.src[1].arg) if u.src[1].op is Ops.CONST else src[0]
+  elif op is Ops.AND and dtypes.is_unsigned(dt): b = min(src)
+  else: b = math.inf
+  return min(b, limit)
+
+
 def _has_float64(device: Any) -> bool:
   from plugrad.tensor.creation import dtype_problem
   return all(dtype_problem(d, dtypes.float64) is None for d in ((device,) if isinstance(device, str) else device))
@@ -490,8 +547,9 @@ def _reduced(x: Tensor) -> tuple[Tensor, Tensor, Tensor | None, DType]:
   Cody-Waite in float32 to |x| < 2^22; float64 by Cody-Waite to |x| < 2^20."""
   from plugrad.codegen.decompose import PIO2_PARTS, SIN_RANGE
   wide = dtypes.float32 if x.dtype.itemsize < 4 else x.dtype  # 16-bit floats: sin in float32, one rounding at the end
-  if x.dtype is not dtypes.float64 and _has_float64(x.device): return *_reduce_payne_hanek(x.cast(dtypes.float64)), None, wide
   limit, parts, split = (_F64_REDUCED, _PIO2_33, 0) if x.dtype is dtypes.float64 else (SIN_RANGE, PIO2_PARTS, 11)
+  if magnitude_bound(x.uop) < limit: return *_reduce_cody_waite(x.cast(wide), parts, split), None, wide  # e.g. randn's 2πu, RoPE's angles
+  if x.dtype is not dtypes.float64 and _has_float64(x.device): return *_reduce_payne_hanek(x.cast(dtypes.float64)), None, wide
   big = x.abs() >= limit
   return *_reduce_cody_waite(big.where(0.0, x).cast(wide), parts, split), big, wide
 
@@ -505,7 +563,7 @@ def _cos_big(x: Tensor, big: Tensor, wide: DType) -> Tensor:
   """cos past the exact reduction: 1 - 2·sin²(x/2), within an ulp of 1 (the device's sin reduces x/2); its derivative
   -sin(x) given directly (sin's own derivative rounds π/2 - x there)."""
   xb = big.where(x, 0.0).cast(wide)
-  return _with_derivative(1 - 2 * (xb * 0.5).sin().square(), xb, -xb.sin())
+  return _with_derivative(1 - 2 * (xb * 0.5)._sin_device().square(), xb, -xb._sin_device())
 
 
 def _is(k: Tensor, *values: int) -> Tensor:
@@ -520,7 +578,7 @@ def cos(self: Tensor) -> Tensor:
   π/2 - θ costs an ulp of cos; past the exact range 1 - 2·sin²(x/2)."""
   x = _floats(self)
   k, theta, big, wide = _reduced(x)
-  v = _is(k, 0, 2).where(math.pi / 2 - theta, theta).cast(wide).sin()
+  v = _is(k, 0, 2).where(math.pi / 2 - theta, theta).cast(wide)._sin_device()
   ret = _is(k, 1, 2).where(-v, v)
   if big is not None: ret = big.where(_cos_big(x, big, wide), ret)
   return ret.cast(x.dtype)
@@ -531,12 +589,12 @@ def tan(self: Tensor) -> Tensor:
   derivative at a large x would round π/2 - x)."""
   x = _floats(self)
   k, theta, big, wide = _reduced(x)
-  s, c = theta.cast(wide).sin(), (math.pi / 2 - theta).cast(wide).sin()
+  s, c = theta.cast(wide)._sin_device(), (math.pi / 2 - theta).cast(wide)._sin_device()
   odd = _is(k, 1, 3)
   ret = odd.where(-c, s) / odd.where(s, c)  # one quotient: the other one's pole would make the gradient nan
   if big is not None:
     xb = big.where(x, 0.0).cast(wide)
-    t = xb.sin().detach() / _cos_big(x, big, wide).detach()
+    t = xb._sin_device().detach() / _cos_big(x, big, wide).detach()
     ret = big.where(_with_derivative(t, xb, 1 + t * t), ret)
   return ret.cast(x.dtype)
 

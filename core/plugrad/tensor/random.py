@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
 from plugrad.tensor.creation import canonical_device
@@ -33,19 +35,24 @@ def manual_seed(seed: int = 0) -> None:
 
 def random_bits(n: int, device: str, bits: int = 32) -> UOp:
   """The next `n` random words of `device`'s stream: THREEFRY's high output word (uint32), or with `bits=64` both words
-  as uint64. The counter is built from 32-bit operations, so every device draws the same numbers."""
+  as uint64. The counter is built from 32-bit operations, so every device draws the same numbers. The stream offset
+  is data (a two-word buffer of its own per draw), not a constant of the kernel, so every draw of one size runs the
+  same compiled kernel: a model's initialization compiles once per parameter shape, not once per parameter."""
+  from plugrad.engine.buffers import from_numpy
   offset = _RNG.offsets.get(device, 0)
   _RNG.offsets[device] = offset + n
-  def c(v: int, dt: DType = _U32) -> UOp: return const_uop(v, dt, device, (n,))
+  start = from_numpy(np.array([offset & 0xFFFFFFFF, offset >> 32], np.uint32), device)
+  def word(i: int) -> UOp: return start.shrink(((i, i + 1),)).expand((n,))
   if n <= dtypes.max(dtypes.int32):  # the low counter word wraps at most once: carry into the high one
-    lo = iota(n, device, dtypes.int32).cast(_U32).alu(Ops.ADD, c(offset & 0xFFFFFFFF))
-    hi = c(offset >> 32).alu(Ops.ADD, lo.alu(Ops.CMPLT, c(offset & 0xFFFFFFFF)).cast(_U32))
+    lo = iota(n, device, dtypes.int32).cast(_U32).alu(Ops.ADD, word(0))
+    hi = word(1).alu(Ops.ADD, lo.alu(Ops.CMPLT, word(0)).cast(_U32))
   else:
-    ctr = iota(n, device, dtypes.int64).cast(_U64).alu(Ops.ADD, c(offset, _U64))
-    lo, hi = ctr.cast(_U32), ctr.alu(Ops.SHR, c(32, _U64)).cast(_U32)
+    wide = word(0).cast(_U64).alu(Ops.OR, word(1).cast(_U64).alu(Ops.SHL, const_uop(32, _U64, device, (n,))))
+    ctr = iota(n, device, dtypes.int64).cast(_U64).alu(Ops.ADD, wide)
+    lo, hi = ctr.cast(_U32), ctr.alu(Ops.SHR, const_uop(32, _U64, device, (n,))).cast(_U32)
   words = [UOp(Ops.THREEFRY, _U32, (lo, hi), (_RNG.seed, w)) for w in ((1,) if bits == 32 else (1, 0))]
   if bits == 32: return words[0]
-  return words[0].cast(_U64).alu(Ops.SHL, c(32, _U64)).alu(Ops.OR, words[1].cast(_U64))
+  return words[0].cast(_U64).alu(Ops.SHL, const_uop(32, _U64, device, (n,))).alu(Ops.OR, words[1].cast(_U64))
 
 
 def _uniform_bits(bits: UOp, dt: DType) -> UOp:

@@ -362,7 +362,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   add = ew.add; sub = ew.sub; mul = ew.mul; div = ew.div; mod = ew.mod; fmod = ew.fmod; pow = ew.pow
   neg = ew.neg; abs = ew.abs; sign = ew.sign; copysign = ew.copysign; reciprocal = ew.reciprocal; square = ew.square
   exp = ew.exp; exp2 = ew.exp2; log = ew.log; log2 = ew.log2; log10 = ew.log10; sqrt = ew.sqrt; rsqrt = ew.rsqrt
-  sin = ew.sin; cos = ew.cos; tan = ew.tan; asin = ew.asin; acos = ew.acos; atan = ew.atan
+  sin = ew.sin; cos = ew.cos; tan = ew.tan; asin = ew.asin; acos = ew.acos; atan = ew.atan; _sin_device = ew._sin_device
   sinh = ew.sinh; cosh = ew.cosh; tanh = ew.tanh; asinh = ew.asinh; acosh = ew.acosh; atanh = ew.atanh; erf = ew.erf
   floor = ew.floor; ceil = ew.ceil; round = ew.round; trunc = ew.trunc; lerp = ew.lerp
   maximum = ew.maximum; minimum = ew.minimum; clip = ew.clip; clamp = ew.clip; where = ew.where; masked_fill = ew.masked_fill

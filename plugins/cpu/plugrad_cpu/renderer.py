@@ -68,7 +68,7 @@ class CPUMath(Renderer):
   atomic_add = frozenset({dtypes.float32, dtypes.float64, *dtypes.ints})  # lock-prefixed instructions (floats: compare-exchange loops)
 
   def math_is_native(self, op: Ops, dtype: DType) -> bool:
-    return op in self.native_math and not (op is Ops.EXP2 and dtype.count > 1 and dtype.scalar() is dtypes.float32)
+    return op in self.native_math and not (dtype.count > 1 and dtype.scalar() is dtypes.float32)
 
 
 class CPURenderer(CPUMath, CStyleRenderer):
