@@ -92,7 +92,7 @@ def _dependents(root: UOp, keys: set[UOp]) -> list[UOp]:
 
 
 def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
-  """UNROLL ranges of reductions → UNROLL values. In a reduction that no UPCAST range reaches, an UNROLL range along
+  """UNROLL ranges of reductions → UNROLL values. In a reduction that no UPCAST range of a vector's size reaches, an UNROLL range along
   which a load is contiguous (size a multiple of `vector_width`) becomes vector lanes: a vector accumulator, folded
   lane by lane after the loop (the horizontal reduction)."""
   done: dict[UOp, UOp] = {}
@@ -105,9 +105,10 @@ def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
       rest = tuple(r for r in new_src[1:] if r not in unr)
       val = new_src[0]
       loads = [x.src[0].src[1] for x in val.toposort if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX]
-      # lanes for a reduction the store loop's UPCAST ranges do not reach (a row statistic: its value is broadcast to
-      # the store's lanes), and that holds no reduction varying along the lanes
-      allow_vec = vector_width > 1 and u.dtype.count == 1 and not upcast & set(u.toposort)
+      # lanes for a reduction no UPCAST range that could become the store's lanes reaches (a row statistic: its value
+      # is broadcast to the store's lanes; the copies of a GEMV's independent chains: an UPCAST off the vector width
+      # only copies it), and that holds no reduction varying along the lanes
+      allow_vec = vector_width > 1 and u.dtype.count == 1 and not any(_size(r) % vector_width == 0 for r in upcast & set(u.toposort))
       vax = next((r for r in reversed(unr) if allow_vec and _size(r) % vector_width == 0 and any(_contiguous(ix, r) is not None for ix in loads)
                   and not any(x.op in (Ops.WMMA, Ops.REDUCE) for x in _dependents(val, {r}))), None)
       copier = _Copier(val, unr)

@@ -485,7 +485,7 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
     flat = sum((i * s for i, s in zip(idxs, _strides(shape))), UOp.const(dtypes.index, 0))
     store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_g.dtype, (out_g, flat)), val))
   live = [r for r in ranges if r is not None]
-  if not k.has_reduce: store, live = _merge_loops(store, live)
+  store, live = _merge_loops(store, live)
   name = _kernel_name(tuple(r.src[0].arg for r in live) if len(live) < len([d for d in shape if d != 1]) else shape, k.has_reduce)
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.END, dtypes.void, (store, *live)) if live else store,), KernelInfo(name))
   if binds := [u for u in ast.toposort if u.op is Ops.BIND]:  # bound sizes (from shapes): the kernel takes the variable, the item its value

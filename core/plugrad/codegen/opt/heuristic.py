@@ -503,12 +503,34 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
       # a contiguous run shorter than a vector (BatchNorm's 4x4 or 8x8 pixels) is unrolled whole: its loads still share lines
       last = _const_size(raxes[-1])
       if 1 < last < w: _short_rows_in_lanes(k, vec_axis, w)  # before the UNROLL: the other order measured 40% slower
+      else: _independent_chains(k)
       _padded_split(k, OptOps.UNROLL, len(raxes) - 1, (4 * w, 2 * w, w, *((0,) if 1 < last < w else ())), reduce=True)
     else: _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, 4))
   return k
 
 
 SHORT_REDUCE = 256  # elements per output up to which a reduction is bound by its add chain, not by its loads
+CHAINS = 4  # outputs a long dot product computes at once
+
+
+def _independent_chains(k: Scheduler) -> None:
+  """A long reduction along contiguous memory into one vector accumulator per output (a GEMV, a classifier head of few
+  rows, a row sum) is one chain of dependent fused multiply-adds: each waits the FMA latency (4 cycles) for the one
+  before, whatever the loads cost. CHAINS outputs at once (an UPCAST of the innermost output axis it divides, copies
+  rather than lanes) run that many chains side by side and share the loads of an operand the axis does not index (x of
+  x @ W.T). Short reductions are _short_rows_in_lanes'."""
+  if not k.reduce_axes or prod(_const_size(r) for r in k.reduce_axes) <= SHORT_REDUCE: return
+  outs = k.output_axes
+  first = next((n for n in reversed(range(len(outs))) if (sz := _const_size(outs[n])) and sz % CHAINS == 0 and _try(k, Opt(OptOps.UPCAST, n, CHAINS))), None)
+  if first is None: return
+  # a second axis by 2 where the operands split between the two (the rows of x @ W.T: each W row then serves 2 rows of
+  # x, each x row 4 of W), 8 chains in all
+  loads = [u.src[0].src[1] for red in k.reduces for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+  ups = k.ranges_of(AxisType.UPCAST)
+  for n in reversed(range(len(k.output_axes))):
+    r = k.output_axes[n]
+    if not (sz := _const_size(r)) or sz % 2: continue
+    if any(r in ix.toposort and not any(u in ix.toposort for u in ups) for ix in loads) and _try(k, Opt(OptOps.UPCAST, n, 2)): return
 
 
 def _short_rows_in_lanes(k: Scheduler, vec_axis: int | None, w: int) -> None:
