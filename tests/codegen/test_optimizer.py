@@ -584,7 +584,8 @@ def _conv_input_grad_fused_kernel(dev: str) -> tuple[UOp, dict[str, int]]:
   with Context(RECOMPUTE_MAX=0): items, _ = create_schedule(x.grad.uop)  # else the scheduler ends the fused work in its own kernel
   # the unfolded windows: (batch, channels, height x width, 3 x 3 window positions), the scheduler's contiguous loops merged
   for it in items:
-    if it.kind == "kernel" and [r.src[0].arg for r in Scheduler(it.ast, Device[dev].renderer).output_axes] == [2, 16, 36, 9]: return it.ast, it.var_vals
+    sizes = [r.src[0].arg for r in Scheduler(it.ast, Device[dev].renderer).output_axes] if it.kind == "kernel" else []
+    if sizes == [2, 16, 36, 9]: return it.ast, it.var_vals
   raise AssertionError("no input gradient kernel reducing a product")
 
 

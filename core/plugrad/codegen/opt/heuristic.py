@@ -521,8 +521,8 @@ def _independent_chains(k: Scheduler) -> None:
   x @ W.T). Short reductions are _short_rows_in_lanes'."""
   if not k.reduce_axes or prod(_const_size(r) for r in k.reduce_axes) <= SHORT_REDUCE: return
   outs = k.output_axes
-  first = next((n for n in reversed(range(len(outs))) if (sz := _const_size(outs[n])) and sz % CHAINS == 0 and _try(k, Opt(OptOps.UPCAST, n, CHAINS))), None)
-  if first is None: return
+  def chains(n: int) -> bool: return (sz := _const_size(outs[n])) > 0 and sz % CHAINS == 0 and _try(k, Opt(OptOps.UPCAST, n, CHAINS))
+  if not any(chains(n) for n in reversed(range(len(outs)))): return
   # a second axis by 2 where the operands split between the two (the rows of x @ W.T: each W row then serves 2 rows of
   # x, each x row 4 of W), 8 chains in all
   loads = [u.src[0].src[1] for red in k.reduces for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
