@@ -742,3 +742,58 @@ def test_heuristics_pad_a_prime_pixel_axis_for_the_channel_tile_rows():
   np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
   past, pvals = _ast(Tensor(x, device="PYTHON").conv2d(Tensor(wt, device="PYTHON")))
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def _sibling_convs(dev: str) -> tuple[UOp, dict[str, int]]:
+  """A ResNet bottleneck's conv3 and downsample, both 1x1 over as many channels (the first block of ResNet-50: 64 -> 256
+  each), summed: one kernel with two sibling reductions over equal loops."""
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev)
+  x, y, w1, w2 = T(1, 16, 8, 8), T(1, 16, 8, 8), T(64, 16, 1, 1), T(64, 16, 1, 1)
+  return _ast((x.conv2d(w1) + y.conv2d(w2)).relu())
+
+
+def test_heuristics_tile_sibling_reductions():
+  # untiled, the fused conv3 + downsample of ResNet-50's first block ran scalar: 82 ms of a 93 ms forward at batch 1
+  from plugrad_cpu.llvm_renderer import LLVMRenderer
+  from plugrad_cpu.renderer import CPURenderer
+  renderer = Device["CPU"].renderer
+  if renderer.vector_width <= 1: pytest.skip("the CPU renderer has no vector lanes on this machine")
+  ast, var_vals = _sibling_convs("CPU")
+  k = Scheduler(ast, renderer)
+  assert len(k.reduces) == 2 and [r.src[0].arg for r in k.output_axes] == [64, 64]  # (Cout, H*W): the pixels are one loop
+  applied = list(hand_coded_optimizations(k).applied)
+  w = renderer.vector_width
+  assert Opt(OptOps.UPCAST, 1, 2 * w) in applied and any(o.op is OptOps.UPCAST and o.axis == 0 for o in applied), applied
+  want, got = run(get_program(ast, renderer, opts=[]), var_vals), run(get_program(ast, renderer, opts=applied), var_vals)
+  np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
+  for other in (CPURenderer("CPU", vector_width=w), LLVMRenderer("CPU", w, "x86-64", "")):  # both CPU renderers take it
+    assert "r_64_64" in other.render(get_program(ast, other, opts=applied))
+  past, pvals = _sibling_convs("PYTHON")
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_heuristics_give_a_long_dot_product_independent_chains(m):
+  # one FMA chain per output made x @ W.T latency-bound: 4 outputs of W's rows at once, and 2 of x's rows
+  x, wt = (Tensor(RNG.standard_normal(s).astype(np.float32), device="CPU") for s in ((m, 512), (64, 512)))
+  ast, var_vals = _ast(x @ wt.T)
+  renderer = Device["CPU"].renderer
+  prg = get_program(ast, renderer)
+  applied = list(prg.applied_opts)
+  n_axis = len(Scheduler(ast, renderer).output_axes) - 1
+  assert Opt(OptOps.UPCAST, n_axis, 4) in applied and (m == 1 or Opt(OptOps.UPCAST, 0, 2) in applied), applied
+  np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-5, atol=2e-5)
+  past, pvals = _ast(Tensor(x.numpy(), device="PYTHON") @ Tensor(wt.numpy(), device="PYTHON").T)
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
+def test_scheduler_merges_only_loops_nothing_tells_apart():
+  x = Tensor(RNG.standard_normal((8, 16, 3, 3)).astype(np.float32), device="CPU")
+  def sizes(t: Tensor) -> list[int]:
+    return [r.src[0].arg for r in Scheduler(_ast(t)[0], Device["CPU"].renderer).output_axes]
+  assert sizes(x * 2) == [1152]                          # contiguous: one loop
+  assert sizes(x.permute(1, 0, 2, 3) * 2) == [16, 8, 9]  # a transpose keeps its axes, the window is still one
+  assert sizes(x.pad(((0, 0), (0, 0), (1, 1), (1, 1))) + 1) == [128, 5, 5]  # a pad's gate keeps h and w apart
+  assert sizes(x + Tensor.ones(16, 1, 1, device="CPU")) == [8, 16, 9]     # a per-channel broadcast keeps the channels
+  np.testing.assert_allclose((x.permute(1, 0, 2, 3) * 2).numpy(), x.numpy().transpose(1, 0, 2, 3) * 2)
+  np.testing.assert_allclose((x.pad(((0, 0), (0, 0), (1, 1), (1, 1))) + 1).numpy(), np.pad(x.numpy(), ((0, 0), (0, 0), (1, 1), (1, 1))) + 1)

@@ -151,3 +151,16 @@ def test_small_edges():
   assert np.isnan(Tensor([-1e30, -1e4, 0.5]).acosh().numpy()).all()
   assert Tensor([0.0, 1.0, np.inf]).isclose(Tensor([np.inf, -np.inf, np.inf])).numpy().tolist() == [False, False, True]
   assert Tensor([-1e30, 1000.0]).lerp(Tensor([2.9, 1.1]), 1.0).numpy().tolist() == pytest.approx([2.9, 1.1], rel=1e-7)
+
+
+def test_random_draws_of_one_size_share_their_kernel():
+  """The stream offset is a buffer of each draw, not a constant of the kernel: every draw of one size is the same kernel
+  (an initialization compiled one kernel per parameter), and the numbers still continue the stream."""
+  from plugrad.engine.schedule import create_schedule
+  def kernel(t: Tensor) -> object: return next(it.ast for it in create_schedule(t.uop)[0] if it.kind == "kernel")
+  Tensor.manual_seed(5)
+  a, b = Tensor.rand(64, 3, 3), Tensor.rand(64, 3, 3)
+  assert kernel(a) is kernel(b)
+  both = np.concatenate([a.numpy().ravel(), b.numpy().ravel()])
+  Tensor.manual_seed(5)
+  np.testing.assert_array_equal(Tensor.rand(2 * 576).numpy(), both)
