@@ -104,7 +104,11 @@ def load_object(obj: bytes, symbol: str) -> tuple[Any, int]:
   of `symbol`). Raises LaunchError when the object cannot be linked or lacks the symbol."""
   with _lock:
     llvm = _llvm()
-    if "jit" not in _state: _state["jit"] = llvm.create_lljit_compiler()
+    # JITLink, not RuntimeDyld: RuntimeDyld maps a kernel's code and its constants separately, and in a process whose
+    # address space is fragmented (thousands of kernels loaded and dropped, large buffers) the two can land more than
+    # 2 GiB apart, where the small code model's 32-bit pc-relative reference to a constant cannot reach: an assertion
+    # in LLVM aborts the process. JITLink places every section of an object in one allocation.
+    if "jit" not in _state: _state["jit"] = llvm.create_lljit_compiler(use_jit_link=True)
     try: lib = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process().export_symbol(symbol).link(_state["jit"], f"plugrad-{next(_libs)}")
     except RuntimeError as e: raise LaunchError(f"linking the kernel object failed: {str(e).strip()}") from None
   addr = lib[symbol]
