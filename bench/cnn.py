@@ -1,6 +1,6 @@
 """Convolutional networks on the CPU: plugrad next to PyTorch in one process, same threads, same weights and inputs.
 
-  python bench/cnn.py [--threads N] [--quick] [--only sweep,models] [--models resnet18,resnet50,mobilenetv2]
+  python bench/cnn.py [--threads N] [--quick] [--only sweep,models,train] [--models resnet18,resnet50,mobilenetv2]
                       [--batches 1,8] [--filter TEXT] [--rounds R] [--untuned]
 
 * **sweep**: one line per distinct conv, pool and matmul shape of ResNet-18, ResNet-50 and MobileNetV2 (recorded from a
@@ -12,6 +12,9 @@
   `features.3.conv.1.0.weight`, ...), 3x224x224, random weights and BatchNorm statistics copied into PyTorch's
   modules by name; "first" is plugrad's first call (schedule and compile included; the kernel disk cache may hold
   earlier compiles: `CACHE=0` for a cold figure).
+* **train**: one ResNet-18 training step at batch 8 (forward, cross-entropy, backward, SGD with momentum 0.9; BatchNorm
+  in training mode), plugrad under TinyJit, PyTorch eagerly (autograd on); "first" is plugrad's first three steps. The
+  losses of the first three steps are compared (both start from the same weights and take the same steps).
 
 How it measures: plugrad runs each op or model under TinyJit (a replay from the third call), PyTorch eagerly under
 inference_mode, both on the same thread count (plugrad's THREADS, torch.set_num_threads) in this one process. After a
@@ -361,6 +364,47 @@ def model_row(name: str, batch: int, rounds: int, size: int) -> Row:
              f"  [first {first:.1f} s]")
 
 
+def train_row(name: str, batch: int, rounds: int, size: int) -> Row:
+  """One SGD step (momentum 0.9, BatchNorm in training mode: batch statistics, running statistics updated) on a
+  cross-entropy loss; "first" is plugrad's first three steps (capture and compile included), the issue's figure."""
+  pg, th = MODELS[name](plugrad_ops()), MODELS[name](TORCH)
+  copy_random_weights(pg, th)
+  rng = np.random.default_rng(2)
+  x, y = rng.standard_normal((batch, 3, size, size), dtype=np.float32), rng.integers(0, 1000, batch).astype(np.int32)
+  px, py, tx, ty = Tensor(x).realize(), Tensor(y).realize(), torch.from_numpy(x), torch.from_numpy(y).long()
+  params = nn.get_parameters(pg)
+  opt = nn.optim.SGD(params, lr=0.01, momentum=0.9)
+  t_params = [p for m in _torch_modules(th) for p in m.parameters()]
+  t_opt = torch.optim.SGD(t_params, lr=0.01, momentum=0.9)
+
+  @TinyJit
+  def step(a: Tensor, b: Tensor) -> Tensor:
+    opt.zero_grad()
+    loss = pg(a).sparse_categorical_crossentropy(b)
+    loss.backward()
+    return loss.realize(*opt.schedule_step())
+
+  def t_step() -> torch.Tensor:
+    t_opt.zero_grad()
+    loss = TF.cross_entropy(th(tx), ty)
+    loss.backward()
+    t_opt.step()
+    return loss
+
+  for mod in _torch_modules(th): mod.train()
+  Tensor.training = True
+  try:
+    t0 = time.perf_counter()
+    got = [step(px, py).item() for _ in range(3)]
+    first = time.perf_counter() - t0
+    want = [t_step().item() for _ in range(3)]
+    settle()
+    pg_s, th_s = best_pair(lambda: step(px, py).item(), lambda: t_step().item(), rounds, block_s=0.5)
+  finally: Tensor.training = False
+  return Row(f"{name} train step b{batch} {size}x{size}", pg_s, th_s, 0.0, rel_err(np.array(got), np.array(want)),
+             f"  [first 3 steps {first:.1f} s]")
+
+
 def _torch_modules(obj: Any) -> list[Any]:
   """The torch modules of a model built by the classes above (plain objects and lists around them)."""
   if isinstance(obj, torch.nn.Module): return [obj]
@@ -381,7 +425,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--threads", type=int, default=THREADS)
   ap.add_argument("--quick", action="store_true", help="a few rows per family at batch 1 (a smoke test)")
-  ap.add_argument("--only", default="sweep,models")
+  ap.add_argument("--only", default="sweep,models,train")
   ap.add_argument("--models", default="resnet18,resnet50,mobilenetv2")
   ap.add_argument("--batches", default="1,8")
   ap.add_argument("--filter", default="", help="sweep rows whose label contains this text")
@@ -408,6 +452,9 @@ def main() -> None:
         mrows.append(model_row(m, b, 1 if args.quick else args.rounds, 112 if args.quick else 224))
         print(mrows[-1].line(), flush=True)
     print(f"  models geometric mean x{geomean(mrows):.2f}")
+  if "train" in args.only:
+    print("training (one SGD step):")
+    print(train_row("resnet18", 2 if args.quick else 8, 1 if args.quick else args.rounds, 112 if args.quick else 224).line(), flush=True)
 
 
 if __name__ == "__main__":

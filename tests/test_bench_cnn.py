@@ -48,4 +48,5 @@ def test_cnn_bench_quick(monkeypatch):
   _cnn(monkeypatch)
   out = subprocess.run([sys.executable, str(BENCH), "--quick", "--threads", "1", "--rounds", "1"], capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stdout + out.stderr
-  assert "MISMATCH" not in out.stdout and "sweep geometric mean" in out.stdout and "models geometric mean" in out.stdout, out.stdout
+  assert "MISMATCH" not in out.stdout and "sweep geometric mean" in out.stdout, out.stdout
+  assert "models geometric mean" in out.stdout and "train step" in out.stdout, out.stdout

@@ -17,7 +17,7 @@ What is here, by the job it does:
   `run_program` (runs one on Tensors; TinyJit captures it), `ProgramArgumentError`
 * rendering: `Renderer` (capability flags, `dtype_support`, `extra_matcher`), `CStyleRenderer` (the C family's dialect
   hooks) and its `Ptr` (a rendered pointer: `render_atomic_add`'s argument), `linear_parts`, `use_analysis`, `define_of`,
-  `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
+  `no_signed_wrap`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
 * compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
 * memory: `Allocator`, `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
@@ -48,7 +48,7 @@ from plugrad.errors import (
 )
 from plugrad.helpers import DEBUG, SettingsError, getenv, parse_setting, prod
 from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, hookimpl, parse_device
-from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, define_of, linear_parts, use_analysis
+from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, define_of, linear_parts, no_signed_wrap, use_analysis
 from plugrad.renderer.cstyle import CStyleRenderer, Ptr, c_identifier, float32_repr
 from plugrad.renderer.tensor_cores import (
   AMD_MFMA_TENSOR_CORES,
@@ -76,6 +76,7 @@ __all__ = [
   "Estimates", "ProgramUOp", "new_program", "run_program",
   # rendering
   "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "Ptr", "c_identifier", "float32_repr", "define_of", "linear_parts", "use_analysis",
+  "no_signed_wrap",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   # compiling, memory, running, batching
   "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",

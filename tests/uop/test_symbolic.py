@@ -362,3 +362,19 @@ def test_top_down_rewrite_is_also_correct():
     t = graph_rewrite(e, symbolic, top_down=True)
     assert tree_size(t) <= tree_size(e), f"grew: {e.render(False)} -> {t.render(False)}"
     for env in envs_for(e, rnd.randint): assert evaluate(t, env) == evaluate(e, env), (e.render(False), t.render(False), env)
+
+
+def test_no_signed_wrap_follows_the_operands_bounds():
+  # what a renderer may mark nsw: int32 arithmetic whose exact result over its operands' bounds fits int32
+  from plugrad.backend import no_signed_wrap
+  i32 = dtypes.int32
+  r = UOp.range(UOp.const(i32, 1000), 0, dtype=i32)
+  idx = r * UOp.const(i32, 3000) + UOp.const(i32, 7)
+  assert no_signed_wrap(idx) and no_signed_wrap(idx.src[0])
+  big = Variable("n", 0, 2**31 - 1, i32)
+  assert not no_signed_wrap(big + UOp.const(i32, 1)) and no_signed_wrap(big - UOp.const(i32, 1))
+  assert not no_signed_wrap(r * UOp.const(i32, 3_000_000))  # 999 * 3e6 > 2**31 - 1: may wrap
+  loaded = UOp(Ops.LOAD, i32, (UOp(Ops.DEFINE_GLOBAL, i32.ptr(), (), 0).index(r),))
+  assert not no_signed_wrap(loaded + UOp.const(i32, 1))  # a value from memory has int32's whole range
+  assert not no_signed_wrap(UOp.range(UOp.const(dtypes.uint32, 4), 1, dtype=dtypes.uint32) + UOp.const(dtypes.uint32, 1))  # signed only
+  assert not no_signed_wrap(big & UOp.const(i32, 3))

@@ -128,6 +128,22 @@ def value_srcs(u: UOp) -> tuple[UOp, ...]:
   return tuple(s for s in u.src if s.dtype is not dtypes.void)
 
 
+def no_signed_wrap(u: UOp) -> bool:
+  """Whether a signed integer ADD, SUB or MUL provably stays inside its dtype: its exact result over its operands'
+  bounds (`vmin`, `vmax`: loop ranges, variables, masked loads) fits. Index arithmetic always does (the linearizer
+  chose int32 because it fits); values loaded from memory may wrap. A renderer may mark such an op no-signed-wrap
+  (LLVM's `nsw`), which lets the compiler widen int32 indices to 64-bit addresses once instead of re-deriving that
+  for every sign extension (LLVM's IndVarSimplify took seconds per large kernel without it)."""
+  if u.op not in (Ops.ADD, Ops.SUB, Ops.MUL) or len(u.src) != 2: return False
+  d = u.dtype.scalar()
+  if not dtypes.is_int(d) or dtypes.is_unsigned(d) or d is dtypes.bool or d is dtypes.index: return False
+  (a0, a1), (b0, b1) = u.src[0]._min_max, u.src[1]._min_max
+  if u.op is Ops.ADD: lo, hi = a0 + b0, a1 + b1
+  elif u.op is Ops.SUB: lo, hi = a0 - b1, a1 - b0
+  else: lo, hi = min(p := (a0 * b0, a0 * b1, a1 * b0, a1 * b1)), max(p)
+  return dtypes.min(d) <= lo and hi <= dtypes.max(d)
+
+
 def define_of(u: UOp) -> UOp | None:
   """The DEFINE_* a pointer expression starts from, or None."""
   while u.op not in GroupOp.Defines and u.src: u = u.src[0]

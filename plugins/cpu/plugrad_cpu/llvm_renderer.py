@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plugrad.backend import DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes, linear_parts
+from plugrad.backend import DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes, linear_parts, no_signed_wrap
 from plugrad_cpu.llvm_compiler import QUICK_MARK
 from plugrad_cpu.renderer import PARALLEL_MARK, CPUMath, cpu_order
 
@@ -305,12 +305,13 @@ class _Kernel:
     elif op in GroupOp.ALU:
       n = u.dtype.count
       args = [(self.splat(v[s], s.dtype, n), s.dtype.scalar().vec(n) if n > 1 else s.dtype) for s in u.src]
-      v[u] = self.alu(op, u.dtype, args)
+      v[u] = self.alu(op, u.dtype, args, nsw=no_signed_wrap(u))
     else: raise RendererError(f"LLVMRenderer cannot render {op.name} (uop #{i})")
 
   # ---- ALU
-  def alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]]) -> str:
-    """`op` with result dtype `dt` (scalar or vector) on operands (value, dtype) with as many lanes as `dt`."""
+  def alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]], nsw: bool = False) -> str:
+    """`op` with result dtype `dt` (scalar or vector) on operands (value, dtype) with as many lanes as `dt`; `nsw`: a
+    signed ADD/SUB/MUL that cannot overflow (`no_signed_wrap`)."""
     a = [x for x, _ in args]
     sdt = args[-1][1] if op is Ops.WHERE else args[0][1]
     s, t = sdt.scalar(), ltype(sdt)
@@ -327,7 +328,7 @@ class _Kernel:
       if op is Ops.MULACC: return self.emit(f"or {t} {self.emit(f'and {t} {a[0]}, {a[1]}')}, {a[2]}")
       if op is Ops.TRUNC: return a[0]
       raise RendererError(f"LLVMRenderer: no bool {op.name}")
-    if dtypes.is_int(d): return self.int_alu(op, dt, args)
+    if dtypes.is_int(d): return self.int_alu(op, dt, args, nsw)
     if op in _FLOAT_BIN: e = self.emit(f"{_FLOAT_BIN[op]} {t} {a[0]}, {a[1]}")
     elif op is Ops.NEG: return self.emit(f"fneg {t} {a[0]}")
     elif op is Ops.RECIPROCAL: e = self.emit(f"fdiv {t} {self.const(1.0, dt)}, {a[0]}")
@@ -337,11 +338,11 @@ class _Kernel:
     else: raise RendererError(f"LLVMRenderer: no float {op.name}")
     return self.round16(e, dt)
 
-  def int_alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]]) -> str:
+  def int_alu(self, op: Ops, dt: DType, args: list[tuple[str, DType]], nsw: bool = False) -> str:
     a, d = [x for x, _ in args], dt.scalar()
     t, signed = ltype(dt), not dtypes.is_unsigned(d)
     b1 = _vec("i1", dt.count)
-    if op in _INT_BIN: return self.emit(f"{_INT_BIN[op]} {t} {a[0]}, {a[1]}")
+    if op in _INT_BIN: return self.emit(f"{_INT_BIN[op]}{' nsw' if nsw else ''} {t} {a[0]}, {a[1]}")
     if op is Ops.NEG: return self.emit(f"sub {t} zeroinitializer, {a[0]}")
     if op is Ops.MULACC: return self.emit(f"add {t} {self.emit(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
     if op is Ops.TRUNC: return a[0]

@@ -212,3 +212,19 @@ def test_float_to_int_wraps_like_the_interpreter(cpu, llvm):
     want = run_linear(linear_program("f2i", uops, "PYTHON"), [dst, dtypes.float64], [np.array(vals)])[0]
     got = run_linear(compiled(llvm, linear_program("f2i", uops, "CPU")), [dst, dtypes.float64], [np.array(vals)])[0]
     assert got == want, dst
+
+
+def test_index_arithmetic_is_nsw_and_loaded_ints_still_wrap(cpu, llvm):
+  # index math is bounded by its loops, so it is marked nsw (LLVM widens it once: a large kernel's IndVarSimplify took
+  # seconds without); arithmetic on loaded int32 values keeps C's -fwrapv semantics
+  from plugrad.codegen import get_program
+  from plugrad.engine.schedule import create_schedule
+  from plugrad.tensor.tensor import Tensor
+  a = Tensor(np.arange(64 * 48, dtype=np.int32).reshape(64, 48), device="CPU").realize()
+  out = a.permute(1, 0) + (2**31 - 1)
+  (item,), _ = create_schedule(out.uop)
+  lines = get_program(item.ast, llvm[0]).source.splitlines()
+  assert any("= mul nsw i32 %i" in ln for ln in lines), "the transposed index (i * 64 + j) is nsw"
+  assert any(" add <" in ln and "nsw" not in ln and "2147483647" in ln for ln in lines), "the add of loaded values must wrap"
+  want = (np.arange(64 * 48, dtype=np.int64).reshape(64, 48).T + 2**31 - 1).astype(np.int32)
+  assert (out.numpy() == want).all()
