@@ -497,27 +497,41 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
 
 
 def _merge_loops(store: UOp, loops: list[UOp]) -> tuple[UOp, list[UOp]]:
-  """An elementwise kernel's adjacent loops as one wherever nothing tells them apart: every address, iota and random
-  counter of the kernel is linear in `outer * inner_size + inner` (a contiguous (512, 512, 3, 3) weight is one loop of
-  2,359,296, which vectorizes; as four its innermost 3 did not). Tried innermost first by substituting
-  `m // inner_size, m % inner_size` and simplifying: a pair whose indexing keeps a division or modulo of `m` (a
-  broadcast, a transpose, a pad's gate) stays apart."""
+  """A kernel's adjacent loops as one wherever nothing tells them apart: every address, iota and random counter of the
+  kernel is linear in `outer * inner_size + inner` (a contiguous (512, 512, 3, 3) weight is one loop of 2,359,296,
+  which vectorizes; as four its innermost 3 did not). Output loops and each reduction's own ranges (BatchNorm's 8x8
+  pixels: one reduce loop of 64), innermost pairs first, by substituting `m // inner_size, m % inner_size` and
+  simplifying: a pair whose indexing keeps a division or modulo of `m` (a broadcast, a transpose, a pad's gate, a
+  strided window: the stem's weight gradient reads the image at 2*ow + kw) stays apart."""
   i = len(loops) - 1
   while i > 0:
-    a, b = loops[i - 1], loops[i]
-    if a.src[0].op is Ops.CONST and b.src[0].op is Ops.CONST:
-      inner = b.src[0].arg
-      m = UOp.range(a.src[0].arg * inner, a.arg[0], AxisType.LOOP)
-      merged = graph_rewrite(store.substitute({a: m // inner, b: m % inner}), symbolic, name="merge loops")
-      dep = {m}
-      for u in merged.toposort:
-        if u is not m and any(x in dep for x in u.src):
-          if u.op in (Ops.IDIV, Ops.MOD): break
-          dep.add(u)
-      else:
-        store, loops = merged, [*loops[:i - 1], m, *loops[i + 1:]]
+    if (res := _merged(store, loops[i - 1], loops[i])) is not None: store, loops = res[0], [*loops[:i - 1], res[1], *loops[i + 1:]]
     i -= 1
+  done: set[UOp] = set()
+  while (red := next((u for u in store.toposort if u.op is Ops.REDUCE and len(u.src) > 2 and u not in done), None)) is not None:
+    for j in range(len(red.src) - 1, 1, -1):
+      if (res := _merged(store, red.src[j - 1], red.src[j], red)) is not None:
+        store = res[0]
+        break
+    else: done.add(red)
   return store, loops
+
+
+def _merged(store: UOp, a: UOp, b: UOp, red: UOp | None = None) -> tuple[UOp, UOp] | None:
+  """(the kernel with ranges a, b (a outer) as one range m, m), or None where an index would divide m; `red`: the
+  reduction whose ranges they are (its range list gets m in their place)."""
+  if a.src[0].op is not Ops.CONST or b.src[0].op is not Ops.CONST: return None
+  inner = b.src[0].arg
+  m = UOp.range(a.src[0].arg * inner, a.arg[0], a.arg[1])
+  sub = {a: m // inner, b: m % inner}
+  if red is not None: sub = {red: red.replace(src=(red.src[0].substitute(sub), *(m if r is a else r for r in red.src[1:] if r is not b)))}
+  merged = graph_rewrite(store.substitute(sub), symbolic, name="merge loops")
+  dep = {m}
+  for u in merged.toposort:
+    if u is not m and u.op is not Ops.REDUCE and any(x in dep for x in u.src):
+      if u.op in (Ops.IDIV, Ops.MOD): return None
+      dep.add(u)
+  return merged, m
 
 
 def _finish(ast: UOp, k: _Kernel, out: UOp) -> tuple[UOp, tuple[UOp, ...], dict[str, int], frozenset[UOp]]:
@@ -732,18 +746,9 @@ def _split_reduce(u: UOp, a: int, ways: int) -> UOp:
   whole = src if chunk * ways == d else src.shrink(tuple((0, chunk * ways) if i == a else (0, n) for i, n in enumerate(shape)))
   split = whole.reshape((*shape[:a], ways, chunk, *shape[a + 1:]))
   moved = split.permute((a, *(i for i in range(len(shape) + 1) if i != a)))
-  # after the move every source axis b sits at b+1 (axis a's d/ways part included); runs of neighbouring reduced axes
-  # are merged into one, so the innermost reduce loop is as long as the contiguous run it reads (BatchNorm's 8x8
-  # pixels: one loop of 64 that the heuristics can vectorize, not two of 8)
-  mshape = moved.shape
-  assert mshape is not None
-  red = {b + 1 for b in axes}
-  groups: list[list[int]] = []
-  for i in range(len(mshape)):
-    if groups and i in red and groups[-1][-1] in red and groups[-1][-1] == i - 1: groups[-1].append(i)
-    else: groups.append([i])
-  merged = moved.reshape(tuple(prod(mshape[i] for i in g) for g in groups)) if len(groups) < len(mshape) else moved
-  partial = UOp(Ops.REDUCE_AXIS, u.dtype, (merged,), (rop, tuple(n for n, g in enumerate(groups) if g[0] in red)))
+  # after the move every source axis b sits at b+1 (axis a's d/ways part included); the kernel merges the reduce loops
+  # that read memory in one run (_merge_loops)
+  partial = UOp(Ops.REDUCE_AXIS, u.dtype, (moved,), (rop, tuple(b + 1 for b in axes)))
   out = UOp(Ops.REDUCE_AXIS, u.dtype, (partial,), (rop, (0,))).reshape(u.shape)
   if chunk * ways == d: return out
   rest = src.shrink(tuple((chunk * ways, d) if i == a else (0, n) for i, n in enumerate(shape)))

@@ -495,8 +495,11 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   if not _vector_lanes_fit(k, vec_axis, w) and (trial := _channel_tile(k)) is not None:
     # the store-contiguous axis cannot carry plain vector loads (a convolution): the lanes go along the output channels
     k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
-  elif vec_axis is not None and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads) and not _lanes_gather(k, vec_axis, red_loads, w):
+  elif _vector_lanes_fit(k, vec_axis, w) and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads) and \
+      not _lanes_gather(k, vec_axis, red_loads, w):
     # matmul-like: a register tile of 2 vectors along the vector axis x 8 (4) along another axis the reduction reads
+    # (where the lanes fit: a stride-2 conv's weight gradient has the kernel's 7 columns there, and gets vector
+    # accumulators along the gradient's contiguous rows below instead, 1.1 s -> 68 ms for ResNet's stem)
     _register_tile(k, vec_axis, deps)
     _pack_panel(k, vec_axis)
   elif vec_axis is not None and outs[vec_axis] in deps and _other_axis(k, vec_axis, deps) is not None and \
@@ -510,10 +513,17 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
     if any(_contiguous(ix, raxes[-1]) is not None for ix in red_loads):
       # a reduction along contiguous memory: vector accumulators over the reduce axis
       # a contiguous run shorter than a vector (BatchNorm's 4x4 or 8x8 pixels) is unrolled whole: its loads still share lines
+      # so is a short one whose run is no multiple of a vector (7x7 pixels merged into one loop of 49): vector
+      # accumulators over it would be padded and gated, lanes along the outputs are not
       last = _const_size(raxes[-1])
-      if 1 < last < w: _short_rows_in_lanes(k, vec_axis, w)  # before the UNROLL: the other order measured 40% slower
+      short = 1 < last < w or (last % w != 0 and prod(_const_size(r) for r in raxes) <= SHORT_REDUCE)
+      if short: _short_rows_in_lanes(k, vec_axis, w)  # before the UNROLL: the other order measured 40% slower
       else: _independent_chains(k)
-      _padded_split(k, OptOps.UNROLL, len(raxes) - 1, (4 * w, 2 * w, w, *((0,) if 1 < last < w else ())), reduce=True)
+      amts = ((0,) if last < w else (_divisor(last, w),)) if short else (4 * w, 2 * w, w)
+      # a run that no vector count divides or pads to cheaply (7 rows of 56 pixels a strided view keeps apart) is
+      # unrolled by its largest divisor up to a vector: narrower vectors, no gates
+      if not _padded_split(k, OptOps.UNROLL, len(raxes) - 1, amts, reduce=True) and not short and (d := _divisor(last, w)) > 1:
+        _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, d))
     else: _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, 4))
   return k
 
