@@ -522,7 +522,7 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
       amts = ((0,) if last < w else (_divisor(last, w),)) if short else (4 * w, 2 * w, w)
       # a run that no vector count divides or pads to cheaply (7 rows of 56 pixels a strided view keeps apart) is
       # unrolled by its largest divisor up to a vector: narrower vectors, no gates
-      if not _padded_split(k, OptOps.UNROLL, len(raxes) - 1, amts, reduce=True) and not short and (d := _divisor(last, w)) > 1:
+      if not _padded_split(k, OptOps.UNROLL, len(raxes) - 1, amts, reduce=True) and not short and last and (d := _divisor(last, w)) > 1:
         _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, d))
     else: _try(k, Opt(OptOps.UNROLL, len(raxes) - 1, 4))
   return k
