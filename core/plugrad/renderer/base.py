@@ -12,6 +12,7 @@ from typing import Any
 
 from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.renderer.tensor_cores import TensorCore
+from plugrad.uop.bounds import exact_bounds
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.pattern import PatternMatcher
 
@@ -137,10 +138,7 @@ def no_signed_wrap(u: UOp) -> bool:
   if u.op not in (Ops.ADD, Ops.SUB, Ops.MUL) or len(u.src) != 2: return False
   d = u.dtype.scalar()
   if not dtypes.is_int(d) or dtypes.is_unsigned(d) or d is dtypes.bool or d is dtypes.index: return False
-  (a0, a1), (b0, b1) = u.src[0]._min_max, u.src[1]._min_max
-  if u.op is Ops.ADD: lo, hi = a0 + b0, a1 + b1
-  elif u.op is Ops.SUB: lo, hi = a0 - b1, a1 - b0
-  else: lo, hi = min(p := (a0 * b0, a0 * b1, a1 * b0, a1 * b1)), max(p)
+  lo, hi = exact_bounds(u.op, u.src[0]._min_max, u.src[1]._min_max)
   return dtypes.min(d) <= lo and hi <= dtypes.max(d)
 
 

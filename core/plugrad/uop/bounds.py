@@ -55,12 +55,8 @@ def _node_bounds(u: UOp) -> tuple[Any, Any]:
   if op is Ops.NEG: return (not a1, not a0) if u.dtype is dtypes.bool else _clamp(u, -a1, -a0)
   if op in GroupOp.Unary: return _dtype_bounds(u)
   b0, b1 = src[1]._min_max
-  if op is Ops.ADD: return _clamp(u, a0 + b0, a1 + b1)
-  if op is Ops.SUB: return _clamp(u, a0 - b1, a1 - b0)
-  if op is Ops.MUL:
-    if u.dtype is dtypes.bool: return a0 and b0, a1 and b1
-    prods = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
-    return _clamp(u, min(prods), max(prods))
+  if op is Ops.MUL and u.dtype is dtypes.bool: return a0 and b0, a1 and b1
+  if op in (Ops.ADD, Ops.SUB, Ops.MUL): return _clamp(u, *exact_bounds(op, (a0, a1), (b0, b1)))
   if op is Ops.MAX: return max(a0, b0), max(a1, b1)
   if op is Ops.CMPLT:
     if a1 < b0: return True, True
@@ -93,6 +89,14 @@ def _node_bounds(u: UOp) -> tuple[Any, Any]:
   if op is Ops.SHL and a0 >= 0 and b0 == b1 and b0 >= 0: return _clamp(u, a0 << b0, a1 << b0)
   if op is Ops.SHR and a0 >= 0 and b0 == b1 and b0 >= 0: return a0 >> b0, a1 >> b0
   return _dtype_bounds(u)
+
+
+def exact_bounds(op: Ops, a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
+  """The bounds of ADD, SUB or MUL over operand bounds `a`, `b`, before any wrap-around."""
+  if op is Ops.ADD: return a[0] + b[0], a[1] + b[1]
+  if op is Ops.SUB: return a[0] - b[1], a[1] - b[0]
+  prods = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+  return min(prods), max(prods)
 
 
 def _cast_bounds(u: UOp) -> tuple[Any, Any]:
