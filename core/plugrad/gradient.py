@@ -14,6 +14,7 @@ from typing import Any
 from plugrad.dtype import dtypes, sum_acc_dtype
 from plugrad.helpers import argsort
 from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.windows import window_fold, window_params
 
 Grads = tuple[UOp | None, ...]
 
@@ -231,7 +232,18 @@ def is_kernel_output(u: UOp) -> bool:
   return _kernel_of(u) is not None
 
 
-def _inputs(u: UOp) -> tuple[UOp, ...]: return k.src if (k := _kernel_of(u)) is not None else u.src
+def _custom_rules(topo: Iterable[UOp]) -> dict[UOp, tuple[tuple[UOp, ...], Callable[[UOp], Grads]]]:
+  """The nodes whose derivative is not their op's rule: a precompiled kernel's outputs (its registered rule, to the
+  KERNEL's sources) and every sliding-window view (uop/windows.py: its fold straight to the viewed input, in place of
+  the chain of movement-op rules below it)."""
+  def kernel_rule(k: UOp, slot: int) -> Callable[[UOp], Grads]: return lambda g: KERNEL_GRADIENTS[k.arg](k, slot, g)
+  def fold_rule(x: UOp, k_: tuple[int, ...], s_: tuple[int, ...], d_: tuple[int, ...]) -> Callable[[UOp], Grads]:
+    return lambda g: (window_fold(g, x.shape, k_, s_, d_),)  # type: ignore[arg-type]
+  out: dict[UOp, tuple[tuple[UOp, ...], Callable[[UOp], Grads]]] = {}
+  for u in topo:
+    if (k := _kernel_of(u)) is not None: out[u] = (k.src, kernel_rule(k, k.src.index(u.src[0])))
+    elif u.op is Ops.PERMUTE and (w := window_params(u)) is not None: out[u] = ((w[0],), fold_rule(*w))
+  return out
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[UOp, UOp]:
@@ -241,18 +253,20 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: Iterable[UOp]) -> dict[
   if root.shape != root_grad.shape: raise GradientError(f"the gradient seed has shape {root_grad.shape}, but the root has shape {root.shape}")
   wanted = set(targets)
   topo = root.toposort
+  custom = _custom_rules(topo)
+  def inputs(u: UOp) -> tuple[UOp, ...]: return c[0] if (c := custom.get(u)) is not None else u.src
   # the nodes on a differentiable path from a target up to the root
   on_path: set[UOp] = set()
   for u in topo:
-    if u in wanted or (dtypes.is_float(u.dtype) and u.op is not Ops.DETACH and u.op not in NO_GRAD and any(s in on_path for s in _inputs(u))):
+    if u in wanted or (dtypes.is_float(u.dtype) and u.op is not Ops.DETACH and u.op not in NO_GRAD and any(s in on_path for s in inputs(u))):
       on_path.add(u)
   grads: dict[UOp, UOp] = {root: root_grad}
   for u in reversed(topo):
-    if (g := grads.get(u)) is None or u not in on_path or not any(s in on_path for s in _inputs(u)): continue
-    if (k := _kernel_of(u)) is not None: local = KERNEL_GRADIENTS[k.arg](k, k.src.index(u.src[0]), g)
+    if (g := grads.get(u)) is None or u not in on_path or not any(s in on_path for s in inputs(u)): continue
+    if (c := custom.get(u)) is not None: local = c[1](g)
     elif (rule := RULES.get(u.op)) is None: raise GradientError(f"no derivative rule for {u.op.name} (dtype {u.dtype}, shape {u.shape})")
     else: local = rule(u, g)
-    for s, sg in zip(_inputs(u), local):
+    for s, sg in zip(inputs(u), local):
       if sg is None or s not in on_path: continue
       grads[s] = grads[s].alu(Ops.ADD, sg) if s in grads else sg
   # the nodes `root` depends on other than through DETACH: a target among them that got no gradient has derivative 0

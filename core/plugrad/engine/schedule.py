@@ -326,7 +326,7 @@ def _broadcast_operands(topo: dict[UOp, None], realize: dict[UOp, None], fuse_ro
       seen.add(u)
       if fuse_rows and u.op is Ops.EXPAND and _row_stat(u): continue
       if u.op is Ops.EXPAND and (base := u.src[0]).shape is not None and all(isinstance(d, int) for d in (*_shape(u), *base.shape)):
-        while base.op in (Ops.RESHAPE, Ops.PERMUTE) and not _is_buffer_form(base): base = base.src[0]
+        while base.op in GroupOp.Movement and not _is_buffer_form(base): base = base.src[0]
         if prod(_shape(u)) > RECOMPUTE_MAX.value * prod(_shape(u.src[0])) and base.op in GroupOp.ALU and _alu_count(base, realize, 2) >= 2:
           out[base] = None
           continue

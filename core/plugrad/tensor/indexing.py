@@ -13,7 +13,6 @@ shared with nn_ops.py and scan.py.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,6 +23,7 @@ from plugrad.helpers import all_int, prod
 from plugrad.tensor.helpers import ArgumentError, DTypeError, IndexDTypeError, broadcast_shape, ints
 from plugrad.uop.ops import Ops, UOp, sint
 from plugrad.uop.shape import ShapeError, fmt
+from plugrad.uop.windows import window_view
 
 if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
@@ -70,8 +70,8 @@ def pad_constant(x: Tensor, pads: Sequence[tuple[int, int]], value: float | int 
 def pool(x: Tensor, k_: Sequence[int], stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1) -> Tensor:
   """The sliding windows over the last len(k_) dims as a view: (..., *i) → (..., *o, *k), o = (i - d*(k-1) - 1)//s + 1.
 
-  No data moves: a dim of size i is repeated (expand) and re-read with a row length L ≡ d (mod i), so row j of the
-  re-read starts j*d elements later; taking every s-th element of each row gives the window offsets."""
+  No data moves: non-overlapping windows are a reshape, overlapping ones uop/windows.py's window_view (whose gradient
+  the derivative walk takes as a fold)."""
   nk = len(k_)
   s_, d_ = make_tuple(stride, nk, "stride"), make_tuple(dilation, nk, "dilation")
   if x.ndim < nk: raise ShapeError(f"pool of shape {fmt(x.shape)} with a {nk}-d window {tuple(k_)}: too few dims")
@@ -86,19 +86,7 @@ def pool(x: Tensor, k_: Sequence[int], stride: int | Sequence[int] = 1, dilation
     x = x.shrink(tuple((0, p) for p in pre) + tuple((0, o * k) for o, k in zip(o_, k_)))
     x = x.reshape(*pre, *[v for o, k in zip(o_, k_) for v in (o, k)])
     return x.permute(*range(n), *[n + 2 * j for j in range(nk)], *[n + 2 * j + 1 for j in range(nk)])
-  # row length L = i*f + d, f >= 1 chosen so that a row holds all o*s offsets
-  L_ = [i * max(1, math.ceil((o * s - d) / i)) + d for i, o, s, d in zip(i_, o_, s_, d_)]
-  R_ = [math.ceil(k * L / i) for k, L, i in zip(k_, L_, i_)]
-  x = x.reshape(*pre, *[v for i in i_ for v in (1, i)]).expand(*pre, *[v for r, i in zip(R_, i_) for v in (r, i)])
-  x = x.reshape(*pre, *[r * i for r, i in zip(R_, i_)])
-  x = x.shrink(tuple((0, p) for p in pre) + tuple((0, k * L) for k, L in zip(k_, L_)))
-  x = x.reshape(*pre, *[v for k, L in zip(k_, L_) for v in (k, L)])
-  x = x.shrink(tuple((0, p) for p in pre) + tuple(v for k, o, s in zip(k_, o_, s_) for v in ((0, k), (0, o * s))))
-  if any(s != 1 for s in s_):
-    x = x.reshape(*pre, *[v for k, o, s in zip(k_, o_, s_) for v in (k, o, s)])
-    x = x.shrink(tuple((0, p) for p in pre) + tuple(v for k, o in zip(k_, o_) for v in ((0, k), (0, o), (0, 1))))
-    x = x.reshape(*pre, *[v for k, o in zip(k_, o_) for v in (k, o)])
-  return x.permute(*range(n), *[n + 2 * j + 1 for j in range(nk)], *[n + 2 * j for j in range(nk)])
+  return x._wrap(window_view(x.uop, tuple(k_), s_, d_))
 
 
 def broadcast_to(x: Tensor, shape: tuple[int, ...], op: str) -> Tensor:
