@@ -11,6 +11,7 @@ exactly like the interpreter; bfloat16 values compute in float and are stored as
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from plugrad.backend import (
@@ -164,7 +165,11 @@ class CPURenderer(CPUMath, CStyleRenderer):
   # ---- values
   def render_math(self, fn: str, dt: DType, args: Sequence[str]) -> str:
     # GCC/clang builtins: inlined where the ISA has the op (sqrt, trunc, fma), else calls into libm (exp2, log2, sin, pow)
-    return f"__builtin_{fn}{'f' if dt is dtypes.float32 else ''}({','.join(args)})"
+    call = f"__builtin_{fn}{'f' if dt is dtypes.float32 else ''}({','.join(args)})"
+    # log2 of a negative number is nan, whose sign libm leaves open (glibc's AVX2 variant gives -nan); the interpreter
+    # and the LLVM path give +nan, and a tier-up swap must not change a bit
+    if fn == "log2": return f"(({args[0]}) < 0 ? {self.render_special_float(math.nan, dt)} : {call})"
+    return call
 
   def render_round(self, x: str, dt: DType) -> str:
     if dt is dtypes.bfloat16 and self.native_bfloat16: return f"((float)(__bf16)(float)({x}))"
