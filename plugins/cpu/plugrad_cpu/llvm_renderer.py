@@ -335,6 +335,9 @@ class _Kernel:
     elif op in _MATH:
       fn = self.intrinsic(_MATH[op], t, len(a))
       e = self.emit(f"call {t} {fn}({', '.join(f'{t} {x}' for x in a)})")
+      if op is Ops.LOG2:  # libm leaves the sign of log2(<0)'s nan open (glibc's AVX2 one: -nan); the interpreter's is +nan
+        neg = self.emit(f"fcmp olt {t} {a[0]}, {self.const(0.0, dt)}")
+        e = self.emit(f"select {_vec('i1', dt.count)} {neg}, {t} {self.const(math.nan, dt)}, {t} {e}")
     else: raise RendererError(f"LLVMRenderer: no float {op.name}")
     return self.round16(e, dt)
 
