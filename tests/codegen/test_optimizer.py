@@ -854,3 +854,34 @@ def test_heuristics_give_a_strided_weight_gradient_vector_accumulators_along_its
   assert rows or (OptOps.PACK in {o.op for o in applied} and OptOps.TILE in {o.op for o in applied}), applied
   # 12544-term sums of products of N(0, 1) values in another order: rounding of ~1e-7 of the terms' total (~1e4)
   np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=1e-4, atol=3e-3)
+
+
+@pytest.mark.parametrize("w", [8, 16])
+def test_channel_tile_keeps_its_lanes_on_the_channels_when_its_rows_are_a_vector_long(w):
+  # a channel tile whose pixel rows are as many as the vector's lanes (56-wide output rows in 8 rows of 7 on an AVX2
+  # machine): the stores are contiguous along the rows, but lanes there would gather the padded input with a gate per
+  # lane; on the channels they read whole vectors of the packed weights (ResNet's 1x64x56x56 3x3: 58 -> 112 GFLOPS)
+  from plugrad_cpu.renderer import CPURenderer
+  renderer = CPURenderer("CPU", vector_width=w)
+  x, wt = RNG.standard_normal((1, 4, 3, 2 * w)).astype(np.float32), RNG.standard_normal((w, 4, 3, 3)).astype(np.float32)
+  ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), padding=1))
+  k = Scheduler(ast, renderer)
+  assert [r.src[0].arg for r in k.output_axes] == [w, 3, 2 * w], k.output_axes
+  opts = [Opt(OptOps.UPCAST, 0, w), Opt(OptOps.UPCAST, 2, w), Opt(OptOps.UNROLL, 2, 3)]
+  k.apply_opts(opts)
+  lane = k.ranges_of(AxisType.UPCAST)[0]
+  opts.append(Opt(OptOps.PACK, next(n for n, v in enumerate(k.packable_values()) if lane in v.toposort)))
+  src = renderer.render(get_program(ast, renderer, opts=opts))
+  assert f"(const float{w}*)((acc" in src and vector_fma(src, w), src  # FMAs on vector loads of the panel
+  if w == Device["CPU"].renderer.vector_width: check_same(ast, Device["CPU"].renderer, opts, var_vals)
+
+
+def test_heuristics_give_an_8_lane_channel_tile_rows_for_a_7_wide_output():
+  # 16 vector registers hold 12 accumulators: a 7-wide output gets 7 rows (it got none with a limit of 6, and each
+  # weight vector fed one FMA: ResNet's 1x512x7x7 3x3 at 21 GFLOPS, 86 with the rows)
+  from plugrad_cpu.renderer import CPURenderer
+  renderer = CPURenderer("CPU", vector_width=8)
+  x, wt = RNG.standard_normal((1, 16, 7, 7)).astype(np.float32), RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
+  ast, _ = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), padding=1))
+  applied = list(hand_coded_optimizations(Scheduler(ast, renderer)).applied)
+  assert Opt(OptOps.UPCAST, 0, 8) in applied and Opt(OptOps.UPCAST, 2, 7) in applied, applied

@@ -229,17 +229,21 @@ class _Vectorizer:
 
 def _vector_axis(body: UOp, ups: list[UOp], width: int) -> UOp | None:
   if width <= 1 or any(u.op is Ops.WMMA for u in body.toposort): return None
+  fits = [r for r in reversed(ups) if _size(r) % width == 0]
+  if not fits: return None
   # the kernel's output stores (a PACK copy into a scratch array is not one: its loops are its own)
   stores = [u for u in body.toposort if u.op is Ops.STORE and not (isinstance(p := u.src[0].dtype, PtrDType) and p.addrspace is AddrSpace.REG)]
-  fits = [r for r in reversed(ups) if _size(r) % width == 0]
-  for r in fits:
-    if all(_contiguous(st.src[0].src[1], r) is not None for st in stores): return r
-  # no axis along which the stores are contiguous (a convolution's output channels, NCHW): an axis along which a
-  # reduction reads contiguous memory (a packed panel) still pays for itself, since each output is stored once after
-  # the whole reduction; the stores become one scalar store per lane
-  red_loads = [x.src[0].src[1] for red in body.toposort if red.op is Ops.REDUCE for x in red.src[0].toposort
+  red_loads = [x.src[0] for red in body.toposort if red.op is Ops.REDUCE for x in red.src[0].toposort
                if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX]
-  return next((r for r in fits if any(_contiguous(ix, r) is not None for ix in red_loads)), None)
+  def vector_loads(r: UOp) -> int:  # loads of the reduction that lanes along r make whole vector loads (no gate per lane)
+    return sum(_contiguous(ix.src[1], r) is not None and (len(ix.src) < 3 or r not in ix.src[2].toposort) for ix in red_loads)
+  def stored(r: UOp) -> bool: return all(_contiguous(st.src[0].src[1], r) is not None for st in stores)
+  # the reduction's loads run once per step of its loop, the stores once per output: lanes go where the most loads of
+  # the inner loop are vector loads (a convolution's channel tile: the packed weights, not its output rows, whose
+  # input loads are gated by the padding per lane), then where the stores are contiguous (each output stored once),
+  # then innermost. No axis of either kind: plain copies
+  best = max(fits, key=lambda r: (vector_loads(r), stored(r)))  # max keeps the first (innermost) of equals
+  return best if vector_loads(best) or stored(best) else None
 
 
 def expand(ast: UOp, vector_width: int = 1) -> UOp:
