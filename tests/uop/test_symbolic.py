@@ -378,3 +378,23 @@ def test_no_signed_wrap_follows_the_operands_bounds():
   assert not no_signed_wrap(loaded + UOp.const(i32, 1))  # a value from memory has int32's whole range
   assert not no_signed_wrap(UOp.range(UOp.const(dtypes.uint32, 4), 1, dtype=dtypes.uint32) + UOp.const(dtypes.uint32, 1))  # signed only
   assert not no_signed_wrap(big & UOp.const(i32, 3))
+
+
+def test_simplify_remembers_its_results_within_a_bound(monkeypatch):
+  # the scheduler simplifies the same index expressions for every kernel of every training step: a repeat is a lookup
+  import plugrad.uop.ops as ops
+  import plugrad.uop.rewrite as rewrite
+  monkeypatch.setattr(ops, "_SIMPLIFIED", {})
+  x = Variable("x", 0, 100)
+  e = ((x * 4 + 8) // 4) % 1000
+  first = e.simplify()
+  assert first.render(simplify=False) == "(x+2)"
+  calls = []
+  monkeypatch.setattr(rewrite, "_bottom_up", lambda *a, **k: calls.append(a) or a[0])
+  assert e.simplify() is first and not calls  # no rewrite the second time
+  monkeypatch.undo()
+  monkeypatch.setattr(ops, "_SIMPLIFIED", {})
+  monkeypatch.setattr(ops, "SIMPLIFY_MEMO_MAX", 8)
+  for i in range(50): (x + i * 2 - i).simplify()
+  assert len(ops._SIMPLIFIED) <= 8 + 16  # cleared when full: at most one graph's nodes past the bound
+  assert (x + 3 - 3).simplify() is x

@@ -32,9 +32,7 @@ from plugrad.dtype import dtypes
 from plugrad.engine.buffers import buffer_like, new_buffer
 from plugrad.helpers import DEBUG, ContextVar, prod, recursion_limit
 from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, sint
-from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.spec import maybe_check
-from plugrad.uop.symbolic import symbolic
 
 
 class ScheduleError(ValueError):
@@ -493,7 +491,7 @@ def _build_kernel(root: UOp, out: UOp, realized: dict[UOp, UOp]) -> tuple[UOp, t
       bvar, bval = b.unbind()
       k.var_vals[bvar.arg[0]] = bval
     ast = ast.substitute({b: b.src[0] for b in binds})
-  return _finish(graph_rewrite(ast, symbolic, name="index simplification"), k, out)
+  return _finish(ast.simplify("index simplification"), k, out)
 
 
 def _merge_loops(store: UOp, loops: list[UOp]) -> tuple[UOp, list[UOp]]:
@@ -525,7 +523,7 @@ def _merged(store: UOp, a: UOp, b: UOp, red: UOp | None = None) -> tuple[UOp, UO
   m = UOp.range(a.src[0].arg * inner, a.arg[0], a.arg[1])
   sub = {a: m // inner, b: m % inner}
   if red is not None: sub = {red: red.replace(src=(red.src[0].substitute(sub), *(m if r is a else r for r in red.src[1:] if r is not b)))}
-  merged = graph_rewrite(store.substitute(sub), symbolic, name="merge loops")
+  merged = store.substitute(sub).simplify("merge loops")
   dep = {m}
   for u in merged.toposort:
     if u is not m and u.op is not Ops.REDUCE and any(x in dep for x in u.src):
@@ -596,7 +594,7 @@ def _build_scatter(u: UOp, out: UOp, realized: dict[UOp, UOp], atomic: bool) -> 
   if par := [r for a, r in enumerate(ranges) if r is not None and (atomic or a != axis)]: body = UOp(Ops.END, dtypes.void, (body, *par))
   name = "scatter_" + _kernel_name(shape, False)[2:]
   ast = UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, opts_to_apply=()))
-  return _finish(graph_rewrite(ast, symbolic, name="index simplification"), k, out)
+  return _finish(ast.simplify("index simplification"), k, out)
 
 
 def _aliased_reads(ast: UOp, out_slot: int = 0) -> bool:

@@ -51,8 +51,12 @@ def _live_tensors() -> list[Tensor]:
 
 def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
   if not mapping: return
+  # one memo for every substitution of this mapping: the graphs below share most of their nodes (each realized
+  # node's origin is the graph under it), and rebuilding them per graph made a training step's first realize quadratic
+  memo: dict[UOp, UOp] = {}
+  def sub(u: UOp) -> UOp: return u.substitute(mapping, memo)
   for result, graph in list(_origins.items()):  # recorded graphs see this realize too (a leaf in them may just have been realized)
-    if any(k in graph.toposort for k in mapping): _origins[result] = graph.substitute(mapping)
+    if any(k in graph.toposort for k in mapping): _origins[result] = sub(graph)
   # a result is differentiable when its graph reaches, other than through DETACH, a tensor with requires_grad or an
   # earlier realized result that has an origin (so a chain of realizes keeps its whole graph)
   if roots := {t.uop for t in _live_tensors() if t.requires_grad} | set(_origins.keys()):
@@ -68,11 +72,13 @@ def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
       kernel_out = is_kernel_output(value)
       reads = [r for r in value.src[1].src if r is not value.src[0]] if kernel_out else [value]
       if any(s in dep for s in srcs) and not any(_base(result) in r.toposort for r in reads):
-        origin = value.substitute({k: v for k, v in mapping.items() if k is not node})
+        # every other realized node replaced by its result: `node` is in no graph under itself, so that is `sub` of
+        # the sources when the value is the node
+        origin = value.replace(src=tuple(sub(s) for s in value.src)) if value is node else sub(value)
         _origins[result] = kernel_output_origin(origin) if kernel_out else origin
   for t in _live_tensors():
     topo = t.uop.toposort
-    if any(k in topo for k in mapping): t.uop = t.uop.substitute(mapping)
+    if any(k in topo for k in mapping): t.uop = sub(t.uop)
 
 
 def _reaching(nodes: list[UOp], roots: set[UOp]) -> set[UOp]:

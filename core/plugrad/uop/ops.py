@@ -116,6 +116,10 @@ def _arg_key(arg: Any) -> Any:
   return arg
 
 
+SIMPLIFY_MEMO_MAX = 1 << 18  # nodes UOp.simplify remembers (every node of each simplified graph) before it starts over
+_SIMPLIFIED: dict[UOp, UOp] = {}
+
+
 class UOp:
   """An immutable node of the IR: `UOp(op, dtype, src, arg)`. Building an equal UOp returns the same object."""
   __slots__ = ("op", "dtype", "src", "arg", "_key", "__weakref__", "__dict__")
@@ -196,11 +200,13 @@ class UOp:
     if bad: raise TypeError(f"UOp.replace got unknown field(s) {sorted(bad)}")
     return UOp(kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), tuple(kwargs.get("src", self.src)), kwargs.get("arg", self.arg))
 
-  def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
-    """Replace every occurrence of each key by its value, rebuilding the users above them (no re-matching of the result)."""
+  def substitute(self, mapping: dict[UOp, UOp], memo: dict[UOp, UOp] | None = None) -> UOp:
+    """Replace every occurrence of each key by its value, rebuilding the users above them (no re-matching of the result).
+    `memo`: the result of each node, kept across calls with the same `mapping` (graphs that share parts rebuild them once)."""
     if not mapping: return self
-    done: dict[UOp, UOp] = {}
+    done: dict[UOp, UOp] = {} if memo is None else memo
     for node in self.toposort:
+      if node in done: continue
       if (rep := mapping.get(node)) is not None: done[node] = rep
       elif not (src := node.src): done[node] = node
       else:
@@ -403,10 +409,15 @@ class UOp:
   @property
   def vmax(self) -> Any: return self._min_max[1]
 
-  def simplify(self) -> UOp:
+  def simplify(self, name: str = "simplify") -> UOp:
     from plugrad.uop.rewrite import graph_rewrite
     from plugrad.uop.symbolic import symbolic
-    return graph_rewrite(self, symbolic, name="simplify")
+    # one memo for the process: a node's simplified form depends only on its subgraph, and UOps are unique, so the
+    # kernels of the next training step (the same index expressions over the same numbered ranges) look each node up
+    # instead of rewriting it again (a ResNet-18 step's scheduling spent half its time here). Cleared when it is full
+    if (done := _SIMPLIFIED.get(self)) is not None: return done
+    if len(_SIMPLIFIED) > SIMPLIFY_MEMO_MAX: _SIMPLIFIED.clear()
+    return graph_rewrite(self, symbolic, name=name, cache=_SIMPLIFIED)
 
   def render(self, simplify: bool = True) -> str:
     """A short human-readable expression, e.g. `((a*4)+b)` (for shapes, names and errors)."""
