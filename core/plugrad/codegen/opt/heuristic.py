@@ -110,15 +110,16 @@ def _other_axis(k: Scheduler, vec_axis: int, deps: set[UOp]) -> int | None:
 VEC_PAD_MAX = 16  # an axis may grow by at most 1/16 of its size to fit the tile's two vectors (or rows, or unroll)
 
 
-def _padded_split(k: Scheduler, op: OptOps, axis: int, amts: tuple[int, ...], reduce: bool = False) -> bool:
+def _padded_split(k: Scheduler, op: OptOps, axis: int, amts: tuple[int, ...], reduce: bool = False, pad_max: int = 0) -> bool:
   """`op` on `axis` by the first of `amts` that divides it; else by the first one that does after a PADTO growing the
-  axis by at most 1/VEC_PAD_MAX (a vocabulary of 50257 = 29 x 1733 would otherwise get no register tile rows and a scalar
-  reduce loop: padded, only the last tile's gated loads and stores are wasted)."""
+  axis by at most 1/`pad_max` (default VEC_PAD_MAX; a vocabulary of 50257 = 29 x 1733 would otherwise get no register
+  tile rows and a scalar reduce loop: padded, only the last tile's gated loads and stores are wasted)."""
+  pad_max = pad_max or VEC_PAD_MAX
   if any(_try(k, Opt(op, axis, amt)) for amt in amts): return True
   sz = _const_size((k.reduce_axes if reduce else k.output_axes)[axis])
   pad_axis = axis + (len(k.output_axes) if reduce else 0)  # PADTO numbers the output axes, then the reduce axes
   for amt in amts:
-    if amt > 1 and sz and -sz % amt <= sz // VEC_PAD_MAX:
+    if amt > 1 and sz and -sz % amt <= sz // pad_max:
       trial = k.copy()
       if _try(trial, Opt(OptOps.PADTO, pad_axis, amt)) and _try(trial, Opt(op, axis, amt)):
         k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
@@ -165,6 +166,7 @@ def _transposed_tile(k: Scheduler, vec_axis: int, deps: set[UOp]) -> Scheduler |
 # rows of a channel tile, one vector accumulator each, leaving registers for the weight vectors and the broadcast
 # input: of 32 vector registers (AVX-512) or 16 (AVX2; 6 rows left a 7-wide output without any, 21 -> 86 GFLOPS)
 ROW_LIMIT = {True: 14, False: 12}
+ROW_PAD_MAX = 8  # the rows' axis may grow by at most 1/8 to divide (its gated last rows cost less than no rows)
 
 
 def _pack_fits(k: Scheduler, n: int, budget: int | None = None) -> bool:
@@ -272,9 +274,10 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
       if left < 2: break
       if (d := _divisor(sz := _const_size(trial.output_axes[n]), left)) > 1 and _try(trial, Opt(OptOps.UPCAST, n, d)): left //= d
       elif d == 1 and sz > left:
-        # a prime pixel count (17x17) has no divisor for the rows: padded by at most 1/16 instead (17 -> 18 = 2 x 9
-        # rows); without rows each weight vector fed one FMA (4x384x17x17 1x1 -> 192: 2.4 GFLOPS)
-        if _padded_split(trial, OptOps.UPCAST, n, tuple(range(left, 1, -1))): left //= trial.applied[-1].amount or 1
+        # a prime pixel count (17x17, 13 wide) has no divisor for the rows: padded by at most 1/ROW_PAD_MAX instead
+        # (17 -> 18 = 2 x 9 rows, 13 -> 14 = 2 x 7); without rows each weight vector fed one FMA (4x384x17x17 1x1 ->
+        # 192: 2.4 GFLOPS; 4x256x13x13 3x3 -> 256: 56 GFLOPS, 3x PyTorch's time)
+        if _padded_split(trial, OptOps.UPCAST, n, tuple(range(left, 1, -1)), pad_max=ROW_PAD_MAX): left //= trial.applied[-1].amount or 1
     if (last := _const_size(trial.reduce_axes[-1])):
       _try(trial, Opt(OptOps.UNROLL, len(trial.reduce_axes) - 1, last if last <= 4 else _divisor(last, 4)))
     if (pk := _reader(trial, lane)) is not None and _pack_fits(trial, pk):
