@@ -876,26 +876,18 @@ def test_channel_tile_keeps_its_lanes_on_the_channels_when_its_rows_are_a_vector
   if w == Device["CPU"].renderer.vector_width: check_same(ast, Device["CPU"].renderer, opts, var_vals)
 
 
-def test_heuristics_give_an_8_lane_channel_tile_rows_for_a_7_wide_output():
+@pytest.mark.parametrize("width, pad", [(7, False), (13, True)])
+def test_heuristics_give_an_8_lane_channel_tile_its_rows(width, pad):
   # 16 vector registers hold 12 accumulators: a 7-wide output gets 7 rows (it got none with a limit of 6, and each
-  # weight vector fed one FMA: ResNet's 1x512x7x7 3x3 at 21 GFLOPS, 86 with the rows)
+  # weight vector fed one FMA: ResNet's 1x512x7x7 3x3 at 21 GFLOPS, 86 with the rows); 13 columns have no divisor for
+  # the rows, so they are padded to 14 = 2 x 7 (1/13 more work) rather than left without (4x256x13x13: 14.3 -> 8.2 ms)
   from plugrad_cpu.renderer import CPURenderer
   renderer = CPURenderer("CPU", vector_width=8)
-  x, wt = RNG.standard_normal((1, 16, 7, 7)).astype(np.float32), RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
-  ast, _ = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), padding=1))
-  applied = list(hand_coded_optimizations(Scheduler(ast, renderer)).applied)
-  assert Opt(OptOps.UPCAST, 0, 8) in applied and Opt(OptOps.UPCAST, 2, 7) in applied, applied
-
-
-def test_heuristics_pad_a_prime_output_width_for_the_channel_tile_rows():
-  # 13 columns have no divisor for the rows: padded to 14 = 2 x 7 (1/13 more work) rather than no rows at all
-  # (4x256x13x13 3x3 -> 256: 14.3 -> 8.2 ms on 8 lanes)
-  from plugrad_cpu.renderer import CPURenderer
-  renderer = CPURenderer("CPU", vector_width=8)
-  x, wt = RNG.standard_normal((1, 16, 13, 13)).astype(np.float32), RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
+  x, wt = RNG.standard_normal((1, 16, width, width)).astype(np.float32), RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
   ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), padding=1))
   applied = list(hand_coded_optimizations(Scheduler(ast, renderer)).applied)
-  assert Opt(OptOps.PADTO, 2, 7) in applied and Opt(OptOps.UPCAST, 2, 7) in applied, applied
+  assert Opt(OptOps.UPCAST, 0, 8) in applied and Opt(OptOps.UPCAST, 2, 7) in applied, applied
+  assert (Opt(OptOps.PADTO, 2, 7) in applied) == pad, applied
   if Device["CPU"].renderer.vector_width == 8: check_same(ast, Device["CPU"].renderer, applied, var_vals)
   past, pvals = _ast(Tensor(x, device="PYTHON").conv2d(Tensor(wt, device="PYTHON"), padding=1))
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
