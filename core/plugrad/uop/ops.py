@@ -116,7 +116,7 @@ def _arg_key(arg: Any) -> Any:
   return arg
 
 
-SIMPLIFY_MEMO_MAX = 1 << 18  # nodes UOp.simplify remembers (every node of each simplified graph) before it starts over
+SIMPLIFY_MEMO_MAX = 1 << 18  # nodes UOp.simplify remembers (every node of each simplified graph) before it starts afresh
 _SIMPLIFIED: dict[UOp, UOp] = {}
 
 
@@ -414,9 +414,11 @@ class UOp:
     from plugrad.uop.symbolic import symbolic
     # one memo for the process: a node's simplified form depends only on its subgraph, and UOps are unique, so the
     # kernels of the next training step (the same index expressions over the same numbered ranges) look each node up
-    # instead of rewriting it again (a ResNet-18 step's scheduling spent half its time here). Cleared when it is full
+    # instead of rewriting it again (a ResNet-18 step's scheduling spent half its time here); started afresh when full
+    global _SIMPLIFIED
     if (done := _SIMPLIFIED.get(self)) is not None: return done
-    if len(_SIMPLIFIED) > SIMPLIFY_MEMO_MAX: _SIMPLIFIED.clear()
+    # a new dict, not clear(): a rewrite under way (another thread's, or one whose rule simplifies) keeps the old one
+    if len(_SIMPLIFIED) > SIMPLIFY_MEMO_MAX: _SIMPLIFIED = {}
     return graph_rewrite(self, symbolic, name=name, cache=_SIMPLIFIED)
 
   def render(self, simplify: bool = True) -> str:
