@@ -3,7 +3,7 @@
 same weights (random, GPT-2's initialization), same prompt, greedy decoding, same thread count. One line per cell:
 
   prefill   the prompt (--prompt-len tokens) to the first token's logits: plugrad's first call (compiles included) and
-            a warm one; PyTorch's warm
+            a warm one (the third call of that length: its JIT capture replayed); PyTorch's warm
   decode    ms per generated token (median over --tokens steps after plugrad's JIT capture; Hugging Face's as
             (time for N tokens - time for 1) / (N - 1)), tokens/s at that batch
   GB/s      weight bytes read per decode step (every matrix once: the embedding is a gather, GPT-2's LM head is wte)
@@ -222,6 +222,7 @@ def cell(a: argparse.Namespace, name: str, dt: str, B: int, triad: float | None)
   st = time.perf_counter()
   model(prompt, 0)
   first = time.perf_counter() - st
+  model(prompt, 0)  # the prefill's JIT captures on its second call: the warm figure (in generate) is a replay
   got, warm, steps = llm.generate(model, prompt.tolist(), n)
   dec = float(np.median(steps[2:]))
   gbs = weight_bytes(c, 4 if dt == "float32" else 2) / dec / 1e9

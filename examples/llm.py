@@ -2,6 +2,10 @@
 grouped-query attention, SwiGLU). The prompt is run in one prefill pass that fills the caches; each next token is one
 decode step under TinyJit whose position is a bound Variable, so one capture (and one set of kernels) serves every
 position: the key length of the attention is symbolic, the cache row is written in place at `start_pos`.
+The prefill is jitted too, per length bucket: the prompt is padded to its bucket (powers of two up to 64, then multiples
+of 64) and the logits are read at a bound Variable, so one capture serves every prompt length in the bucket. Causal
+attention keeps the padding out of the real positions, and the cache rows it fills are overwritten by the decode steps
+before any query reads them.
 
   python examples/llm.py                                    # GPT-2 small, random weights, byte-level tokens
   python examples/llm.py --weights model.safetensors        # a GPT-2 checkpoint (e.g. Hugging Face's gpt2)
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,6 +125,9 @@ class Transformer:
       ang = np.outer(np.arange(c.max_ctx), inv)
       self.cos, self.sin = (Tensor(np.concatenate([t, t], -1).astype(np.float32), device=device).realize() for t in (np.cos(ang), np.sin(ang)))
     self.decode = TinyJit(self._step)
+    self.prefills: OrderedDict[int, TinyJit] = OrderedDict()  # per padded length; the least recently used dropped
+
+  PREFILL_JITS = 4  # prefill captures kept (each holds its kernels and its intermediate buffers)
 
   def W(self, name: str) -> Tensor: return self.w[name].float()  # a cast fused into the consumer: reads the stored dtype
 
@@ -162,24 +170,42 @@ class Transformer:
     gate = (h @ self.W(p + "mlp.gate_proj.weight").T).contiguous()
     return x + (gate.silu() * (h @ self.W(p + "mlp.up_proj.weight").T)) @ self.W(p + "mlp.down_proj.weight").T
 
-  def _step(self, tokens: Tensor, sp: int | Variable, last: bool = True) -> Tensor:
+  def _step(self, tokens: Tensor, sp: int | Variable, pick: int | Variable | None = -1) -> Tensor:
+    """The logits at position `pick` of `tokens` (B, T) placed at sp (a bound Variable picks per call), or at every
+    position when `pick` is None."""
     c = self.c
     T = int(tokens.shape[1])
     if c.kind == "gpt2": x = self.W("wte.weight")[tokens] + self.W("wpe.weight")[sp:sp + T]
     else: x = self.W("model.embed_tokens.weight")[tokens]
     for i in range(c.layers): x = self._layer(i, x, sp, T).realize()  # the cache writes realize each layer: keep the graph one layer deep
-    if last: x = x[:, -1, :]
+    if pick is not None: x = x[:, pick, :]
     if c.kind == "gpt2": return (_norm(x, self.W("ln_f.weight"), self.W("ln_f.bias"), c.norm_eps) @ self.W("wte.weight").T).contiguous()
     return (_norm(x, self.W("model.norm.weight"), None, c.norm_eps) @ self.W("lm_head.weight").T).contiguous()
 
+  def bucket(self, T: int) -> int:
+    """The padded length a prompt of T tokens is run at: the next power of two up to 64, then of 64, within the context.
+    A short prompt's prefill reads every weight once whatever its length, so only long ones pay for their padding."""
+    return min(self.c.max_ctx, 1 << max(T - 1, 0).bit_length() if T <= 64 else -(-T // 64) * 64)
+
   def __call__(self, tokens: np.ndarray, start_pos: int, jit: bool = True) -> np.ndarray:
-    """Logits (B, vocab) for the last of `tokens` (B, T) placed at start_pos; T == 1 is a decode step (jitted)."""
-    if (end := start_pos + tokens.shape[1]) > self.c.max_ctx: raise ValueError(f"position {end} is past the context of {self.c.max_ctx}")
-    t = Tensor(tokens.astype(np.int32), device=self.caches[0][0].device)
-    if tokens.shape[1] == 1 and start_pos > 0:
+    """Logits (B, vocab) for the last of `tokens` (B, T) placed at start_pos: T == 1 after position 0 is a decode step,
+    else a prefill (at position 0 only). Both are jitted unless `jit` is False."""
+    B, T = tokens.shape
+    if (end := start_pos + T) > self.c.max_ctx: raise ValueError(f"position {end} is past the context of {self.c.max_ctx}")
+    dev = self.caches[0][0].device
+    if T == 1 and start_pos > 0:
       sp = Variable("start_pos", 1, self.c.max_ctx - 1).bind(start_pos)
+      t = Tensor(tokens.astype(np.int32), device=dev)
       return (self.decode(t, sp) if jit else self._step(t, sp)).numpy()
-    return self._step(t, start_pos).numpy()
+    if not jit or start_pos != 0: return self._step(Tensor(tokens.astype(np.int32), device=dev), start_pos).numpy()
+    L = self.bucket(T)
+    if (run := self.prefills.get(L)) is None:
+      run = self.prefills[L] = TinyJit(self._step)
+      while len(self.prefills) > self.PREFILL_JITS: self.prefills.popitem(last=False)
+    self.prefills.move_to_end(L)
+    padded = np.zeros((B, L), np.int32)
+    padded[:, :T] = tokens
+    return run(Tensor(padded, device=dev), 0, Variable("last", 0, L - 1).bind(T - 1)).numpy()
 
 
 # ---------------------------------------------------------------- sampling and tokens
@@ -235,7 +261,7 @@ def recomputed(c: Config, w: dict[str, Tensor], prompt: list[list[int]], got: np
   (no cache reads: causal attention over the sequence itself): what cached decoding must have produced."""
   seq = np.concatenate([np.array(prompt, np.int64), got[:, :-1]], 1)
   m = Transformer(c, w, seq.shape[0])
-  logits = m._step(Tensor(seq.astype(np.int32)), 0, last=False).numpy()
+  logits = m._step(Tensor(seq.astype(np.int32)), 0, None).numpy()
   return logits.argmax(-1)[:, len(prompt[0]) - 1:]
 
 

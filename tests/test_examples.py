@@ -1,6 +1,7 @@
 import runpy
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -45,19 +46,52 @@ def test_llm_smoke():
   assert out.stdout.count("programs compiled after step 2: 0") == 2
 
 
-def test_llm_loads_a_gpt2_safetensors_and_samples(tmp_path):
-  """A GPT-2 state dict in Hugging Face's names (`transformer.` prefix, Conv1D layouts) from a safetensors file,
-  temperature/top-k/top-p sampling, streamed text and the tokens/s line."""
+def _llm_module():
   import importlib.util
-
-  import numpy as np
-
-  from plugrad import Tensor
-  from plugrad.nn.state import safe_save
   spec = importlib.util.spec_from_file_location("llm_example", EXAMPLES / "llm.py")
   assert spec is not None and spec.loader is not None
   llm = sys.modules["llm_example"] = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(llm)
+  return llm
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_llm_jitted_prefill_serves_every_length_of_its_bucket(kind):
+  """The prefill runs padded to its length bucket under one TinyJit per bucket, the last real position picked by a
+  bound Variable: every prompt length in the bucket gives the logits of an exact-length eager prefill, the replays
+  compile nothing, and the decode after a padded prefill reads none of the padding's cache rows."""
+  import numpy as np
+
+  from plugrad import Tensor
+  from plugrad.engine import realize as realize_mod
+  llm = _llm_module()
+  c = llm.SMOKE[kind]
+  w = {k: Tensor(v * (20.0 if v.ndim == 2 else 1.0)) for k, v in llm.random_weights(c, 2).items()}
+  def bucket(t: int, ctx: int) -> int: return llm.Transformer.bucket(types.SimpleNamespace(c=llm.Config(max_ctx=ctx)), t)
+  assert [bucket(t, 1024) for t in (1, 2, 5, 8, 33, 64, 65, 130)] == [1, 2, 8, 8, 64, 64, 128, 192]
+  assert [bucket(t, 48) for t in (33, 47, 48)] == [48, 48, 48]  # capped at the context
+  m = llm.Transformer(c, w, 2)
+  rng = np.random.default_rng(0)
+  for i, T in enumerate((5, 6, 7, 8, 5)):
+    toks = rng.integers(0, c.vocab, (2, T))
+    want = llm.Transformer(c, w, 2)._step(Tensor(toks.astype(np.int32)), 0).numpy()
+    before = len(realize_mod._runners)
+    np.testing.assert_allclose(m(toks, 0), want, rtol=1e-4, atol=1e-4, err_msg=f"prompt length {T}")
+    if i >= 2: assert len(realize_mod._runners) == before, f"prompt length {T}: the bucket's replay compiled a kernel"
+  assert list(m.prefills) == [8] and m.prefills[8].captured is not None
+  prompt = rng.integers(0, c.vocab, (2, 6))
+  got, _, _ = llm.generate(m, prompt.tolist(), 6)
+  assert (got == llm.recomputed(c, w, prompt.tolist(), got)).all()
+
+
+def test_llm_loads_a_gpt2_safetensors_and_samples(tmp_path):
+  """A GPT-2 state dict in Hugging Face's names (`transformer.` prefix, Conv1D layouts) from a safetensors file,
+  temperature/top-k/top-p sampling, streamed text and the tokens/s line."""
+  import numpy as np
+
+  from plugrad import Tensor
+  from plugrad.nn.state import safe_save
+  llm = _llm_module()
   c = llm.Config("gpt2", layers=1, dim=32, heads=2, vocab=260, max_ctx=32)
   path = tmp_path / "gpt2.safetensors"
   safe_save({"transformer." + k: Tensor(v) for k, v in llm.random_weights(c, 3).items()}, path)
