@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from plugrad.codegen.expand import linear_coefficient
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import prod
 from plugrad.renderer.base import Renderer
@@ -302,7 +303,15 @@ class Scheduler:
       for n, r in enumerate(rs): out = out + r * prod(isizes[n + 1:])
       return out
     arr = UOp(Ops.DEFINE_REG, ld.dtype.ptr(total, AddrSpace.REG), (), _PACK_ID + len(self._packs()))
-    copy = UOp(Ops.END, dtypes.void, (arr.index(flat([fresh[r] for r in covered])).store(ld.substitute(fresh)), *fresh.values()))
+    # the copy's loops nest as the array is laid out, except that a loop the source runs along contiguously goes
+    # innermost: a transposing copy (B of A.B^T) then reads whole lines and scatters into the panel, which is in L1/L2,
+    # instead of reading one element per source row
+    src = ld.substitute(fresh)
+    idxs = [u.src[0].src[1] for u in src.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    loops = list(fresh.values())
+    if idxs and (along := [r for r in loops[:-1] if all(linear_coefficient(ix, r) == 1 for ix in idxs)]):
+      loops = [r for r in loops if r is not along[-1]] + [along[-1]]
+    copy = UOp(Ops.END, dtypes.void, (arr.index(flat([fresh[r] for r in covered])).store(src), *loops))
     self.ast = self.ast.substitute({ld: UOp(Ops.LOAD, ld.dtype, (arr.index(flat(covered)), copy))})
 
   def new_range(self, size: int | UOp, t: AxisType) -> UOp:
