@@ -223,6 +223,25 @@ def test_heuristics_pack_every_matmul_layout(layout):
   assert "parallel loop" in prg.source  # the copy loops do not stop the threads from splitting the tile loop
 
 
+@pytest.mark.parametrize("layout", ["ab", "abt"])
+def test_pack_copies_along_the_source_rows(layout):
+  """The PACK copy's innermost loop is one the source runs along contiguously: B of x @ W.T (rows of W along the
+  reduction) is read a line at a time and scattered into the panel, not gathered one element per row of W."""
+  from plugrad.codegen import optimize
+  from plugrad.codegen.expand import linear_coefficient
+  from plugrad.codegen.opt.kernel import _PACK_ID
+  def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device="CPU")
+  a, b, bt = T(64, 96), T(96, 128), T(128, 96)
+  ast, _ = _ast(a @ b if layout == "ab" else a @ bt.T)
+  opt = optimize(ast, Device["CPU"].renderer)
+  copies = [u for u in opt.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE and u.src[0].src[0].src[0].op is Ops.DEFINE_REG
+            and u.src[0].src[0].src[0].arg >= _PACK_ID]
+  assert copies, "no PACK copy: the test lost its point"
+  for c in copies:
+    loads = [u.src[0].src[1] for u in c.src[0].src[1].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    assert loads and all(linear_coefficient(ix, c.src[-1]) == 1 for ix in loads), f"{layout}: the copy's inner loop strides the source"
+
+
 def test_heuristics_pack_a_long_reduction_whose_tile_panel_exceeds_the_budget():
   # K=3072 and a 32-column register tile: one tile's B panel is 384 KB, above PACK_BUDGET; without the panel the tile
   # gathered B (nn.Linear's x @ W.T in a BERT FFN ran 7-10x slower)
