@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,10 +33,58 @@ _OLD_TABLES = ("compile_v1",)  # unsigned entries: dropped, never read
 T = TypeVar("T")
 
 
+# one thread compiles ahead for every concurrent compiler: the engine's own thread renders the next kernels meanwhile
+def _ahead_pool() -> ThreadPoolExecutor:
+  return ThreadPoolExecutor(max_workers=1, thread_name_prefix="plugrad-compile")
+
+
+_AHEAD = _ahead_pool()
+
+
+def _after_fork() -> None:
+  global _AHEAD
+  _AHEAD = _ahead_pool()  # the parent's thread does not exist in a forked child (its jobs there are ignored: _take_ahead)
+
+
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork)
+AHEAD_MAX = 4096  # binaries compiled ahead and not yet loaded that a compiler keeps (a schedule that failed leaves some)
+
+
 class Compiler:
   """Subclasses set `cache_key` (compiler identity and flags, e.g. "gcc-12.2 -O2 -march=native"; None = never cache)
-  and implement `compile(src) -> bytes`, raising `CompileError` with the compiler's own output on failure."""
+  and implement `compile(src) -> bytes`, raising `CompileError` with the compiler's own output on failure.
+  `concurrent = True` declares that `compile` may run on another thread while the caller goes on, and lets go of the
+  GIL while it works (a C library through ctypes, a subprocess): the engine then compiles a schedule's kernels
+  ahead (`compile_ahead`) while it renders the next ones."""
   cache_key: str | None = None
+  concurrent: bool = False
+
+  def compile_ahead(self, src: str, name: str = "kernel") -> Future[bytes | None] | None:
+    """Start compiling `src` on the compile thread (a concurrent compiler whose cache lacks it); the next
+    `load_cached`/`compile_cached` of `src` takes the result, or the CompileError, from there. Returns the job to
+    wait for (None when nothing was started)."""
+    if not self.concurrent or not isinstance(src, str): return None
+    ahead = self._ahead_jobs()
+    if (fut := ahead.get(src)) is not None: return fut
+    while len(ahead) >= AHEAD_MAX: ahead.pop(next(iter(ahead)))
+    key = self.cache_key if CACHE else None
+    def work() -> bytes | None: return None if key is not None and _cache_has(key, src) else self._fresh(src, name)
+    fut = ahead[src] = _AHEAD.submit(work)
+    return fut
+
+  def _ahead_jobs(self) -> dict[str, Future[bytes | None]]:
+    """This process's jobs by source (a forked child starts with none: the parent's thread never finishes them here)."""
+    pid, jobs = self.__dict__.get("_ahead", (None, {}))
+    if pid != os.getpid(): self.__dict__["_ahead"] = (pid := os.getpid(), jobs := {})
+    return jobs
+
+  def _take_ahead(self, src: str) -> Future[bytes | None] | None:
+    return self._ahead_jobs().pop(src, None) if self.concurrent else None
+
+  def _compiled(self, src: str, name: str, ahead: Future[bytes | None] | None) -> bytes:
+    """The fresh binary of `src`: the one compiled ahead (its CompileError raised here), else compiled now."""
+    if ahead is not None and (lib := ahead.result()) is not None: return lib
+    return self._fresh(src, name)
 
   def compile(self, src: str) -> bytes:
     raise NotImplementedError(f"{type(self).__name__} must implement compile(src) -> bytes")
@@ -46,9 +95,9 @@ class Compiler:
   def compile_cached(self, src: str, name: str = "kernel") -> bytes:
     """`compile(src)` through the on-disk cache (CACHE=0 bypasses it). A failure raises CompileError naming the kernel."""
     if not isinstance(src, str): raise TypeError(f"compile_cached needs the source as a str, got {type(src).__name__}")
-    key = self.cache_key if CACHE else None
+    key, ahead = self.cache_key if CACHE else None, self._take_ahead(src)
     if key is not None and (lib := _cache_get(key, src, name)) is not None: return lib
-    lib = self._fresh(src, name)
+    lib = self._compiled(src, name, ahead)
     if key is not None: _cache_put(key, src, lib)
     return lib
 
@@ -60,14 +109,14 @@ class Compiler:
     so itself (MemoryError, ENOMEM, EMFILE, "failed to map segment") is raised at once, without recompiling. Only a
     fresh binary's failure propagates; a fresh binary is stored once it loaded."""
     if not isinstance(src, str): raise TypeError(f"load_cached needs the source as a str, got {type(src).__name__}")
-    key = self.cache_key if CACHE else None
+    key, ahead = self.cache_key if CACHE else None, self._take_ahead(src)
     if key is not None and (cached := _cache_get(key, src, name)) is not None:
       try: return load(cached)
       except Exception as e:
         if exhausted(e): raise
         diskcache.warn(f"plugrad: the cached binary of kernel {name!r} failed to load ({type(e).__name__}: {e}); compiling it again "
                        "(the entry is replaced once the fresh binary loads)")
-    lib = self._fresh(src, name)
+    lib = self._compiled(src, name, ahead)
     out = load(lib)
     if key is not None: _cache_put(key, src, lib)
     return out
@@ -122,6 +171,11 @@ def _kernel_error(compiler: str, name: str, message: str, src: str, context: int
 # ---- the sqlite cache: one connection per (process, file); a fork gets its own, as sqlite requires
 
 _conns: dict[tuple[int, Path], sqlite3.Connection | None] = {}
+# the binaries' total size as this process knows it: read once per connection, then kept up to date by its own puts
+# (summing the table at every put scanned the whole file: 15 ms per kernel with 12k kernels cached, more as it grows);
+# other processes' puts are seen when this total passes the cap and the table is summed again before evicting
+_sizes: dict[tuple[int, Path], int] = {}
+EVICT_TO = 0.9  # an eviction frees down to this fraction of the cap, so the next puts do not each sum the table again
 _warned: set[Path] = set()
 _rebuilt: set[tuple[int, Path]] = set()
 _lock = threading.RLock()
@@ -148,6 +202,7 @@ def _rebuild(path: Path, why: BaseException) -> bool:
   k = (os.getpid(), path)
   if k in _rebuilt: return False
   _rebuilt.add(k)
+  _sizes.pop(k, None)
   if (conn := _conns.pop(k, None)) is not None: conn.close()
   aside = path.with_name(f"{path.name}.broken")
   try:
@@ -163,6 +218,9 @@ def _open(path: Path) -> sqlite3.Connection:
   conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
   try:
     conn.execute("PRAGMA journal_mode=WAL")
+    # WAL + NORMAL syncs at checkpoints, not at every commit (a hit's `used` update was an fsync): still never corrupt;
+    # a power cut may lose the last entries, which a cache can afford
+    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute(f"CREATE TABLE IF NOT EXISTS {_TABLE} (compiler TEXT NOT NULL, src_sha256 TEXT NOT NULL, lib BLOB NOT NULL, "
                  "mac BLOB NOT NULL, size INTEGER NOT NULL, used REAL NOT NULL, PRIMARY KEY (compiler, src_sha256))")
     for old in _OLD_TABLES: conn.execute(f"DROP TABLE IF EXISTS {old}")
@@ -221,6 +279,17 @@ def _cache_get(key: str, src: str, name: str = "kernel") -> bytes | None:
   return lib
 
 
+def _cache_has(key: str, src: str) -> bool:
+  """Whether the cache holds an entry for `src` (unchecked: `_cache_get` checks it when it is read)."""
+  with _lock:
+    if (c := _connect()) is None: return False
+    conn, _, path = c
+    try: return conn.execute(f"SELECT 1 FROM {_TABLE} WHERE compiler = ? AND src_sha256 = ?", (key, _digest(src))).fetchone() is not None
+    except sqlite3.Error as e:
+      _failed(path, e)
+      return False
+
+
 def _cache_put(key: str, src: str, lib: bytes) -> None:
   with _lock:
     if (c := _connect()) is None: return
@@ -229,19 +298,28 @@ def _cache_put(key: str, src: str, lib: bytes) -> None:
     try:
       cap = diskcache.cap_bytes()
       if len(lib) > cap: return  # would evict everything else and itself
+      k = (os.getpid(), path)
+      if (total := _sizes.get(k)) is None: total = _total(conn)
       conn.execute(f"INSERT OR REPLACE INTO {_TABLE} (compiler, src_sha256, lib, mac, size, used) VALUES (?, ?, ?, ?, ?, ?)",
                    (key, sha, lib, diskcache.digest(secret, key.encode(), sha.encode(), lib), len(lib), time.time()))
-      _evict(conn, cap)
+      total += len(lib)
+      _sizes[k] = _evict(conn, cap) if total > cap else total
     except sqlite3.Error as e: _failed(path, e)
 
 
-def _evict(conn: sqlite3.Connection, cap: int) -> None:
-  """Delete the least recently used entries until the binaries fit in `cap` bytes."""
-  excess = (conn.execute(f"SELECT COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone()[0] or 0) - cap
-  if excess <= 0: return
+def _total(conn: sqlite3.Connection) -> int: return int(conn.execute(f"SELECT COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone()[0] or 0)
+
+
+def _evict(conn: sqlite3.Connection, cap: int) -> int:
+  """Delete the least recently used entries until the binaries fit in EVICT_TO of `cap` bytes; their total after."""
+  total = _total(conn)
+  excess = total - int(cap * EVICT_TO) if total > cap else 0
+  if excess <= 0: return total
   drop: list[int] = []
   for rowid, size in conn.execute(f"SELECT rowid, size FROM {_TABLE} ORDER BY used ASC"):
     if excess <= 0: break
     drop.append(rowid)
     excess -= size
+    total -= size
   conn.executemany(f"DELETE FROM {_TABLE} WHERE rowid = ?", [(r,) for r in drop])
+  return total

@@ -10,7 +10,9 @@ from plugrad_cpu.toolchain import Toolchain
 
 
 class CPUCompiler(Compiler):
-  """`cache_key` names the compiler, its version, the flags and the target they chose."""
+  """`cache_key` names the compiler, its version, the flags and the target they chose. Concurrent: each compile is a
+  subprocess of its own."""
+  concurrent = True
   def __init__(self, tc: Toolchain):
     self.toolchain, self.cache_key = tc, tc.cache_key
 

@@ -65,7 +65,10 @@ def _quick_pipeline(llvm: Any) -> Any:
 
 
 class LLVMCompiler(Compiler):
-  """LLVM IR text → object bytes. `cache_key` names llvmlite, LLVM, the host CPU and its features, and the opt level."""
+  """LLVM IR text → object bytes. `cache_key` names llvmlite, LLVM, the host CPU and its features, and the opt level.
+  Concurrent: llvmlite calls LLVM through ctypes, which lets go of the GIL, so a compile on the engine's compile thread
+  runs while the engine renders the next kernel (compiles themselves are serialized by `_lock` and llvmlite's own)."""
+  concurrent = True
   def __init__(self) -> None:
     import llvmlite
     import llvmlite.binding as llvm
