@@ -38,19 +38,16 @@ class ReplayError(RuntimeError):
   """A replay database that cannot be used (missing, not one, or of a newer schema)."""
 
 
-# ---- the kernel AST as bytes: a flat, topologically ordered list (no recursion: deep ASTs pickle fine)
+# ---- the kernel AST as bytes (plugrad/uop/serial.py)
 
 def dumps_ast(ast: Any) -> bytes:
-  topo = list(ast.toposort)
-  idx = {u: i for i, u in enumerate(topo)}
-  return pickle.dumps([(u.op, u.dtype, tuple(idx[s] for s in u.src), u.arg) for u in topo], protocol=4)
+  from plugrad.uop.serial import dumps_uop
+  return dumps_uop(ast)
 
 
 def loads_ast(blob: bytes) -> Any:
-  from plugrad.uop.ops import UOp
-  built: list[Any] = []
-  for op, dtype, src, arg in pickle.loads(blob): built.append(UOp(op, dtype, tuple(built[i] for i in src), arg))
-  return built[-1]
+  from plugrad.uop.serial import loads_uop
+  return loads_uop(blob)
 
 
 # ---- the database

@@ -6,11 +6,18 @@
 
 `get_program(ast, renderer)` returns the PROGRAM at the SOURCE stage; the device's compiler adds the BINARY.
 `DEBUG=2` prints each new kernel's applied actions and estimates, `DEBUG=4` the source, `DEBUG=5` the AST.
+Given a `ProgramStore` (the engine passes the compile cache's), a PROGRAM is also kept across processes, keyed by
+the AST, the renderer, the actions, every setting and the code that made it (`store_key`).
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
 
 import plugrad.trace as trace
 from plugrad.codegen.decompose import decompose
@@ -19,11 +26,12 @@ from plugrad.codegen.linearize import linearize
 from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, simplify_gated_indices, split_ends
 from plugrad.codegen.opt import BEAM, NOOPT, Opt, Scheduler, hand_coded_optimizations
 from plugrad.codegen.opt.search import CandidateTimer
-from plugrad.helpers import DEBUG, MAX_LOADED_KERNELS, LRUCache
+from plugrad.helpers import DEBUG, MAX_LOADED_KERNELS, ContextVar, LRUCache
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import KernelInfo, Ops, UOp
 from plugrad.uop.program import ProgramUOp, make_program
 from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.serial import dumps_uop, loads_uop
 from plugrad.uop.spec import maybe_check
 from plugrad.uop.symbolic import symbolic
 
@@ -72,12 +80,59 @@ def renderer_key(renderer: Renderer) -> tuple:
   return (type(renderer), renderer.device, getattr(renderer, "emulate", None), getattr(renderer, "arch", None))
 
 
+class ProgramStore(Protocol):
+  """Where PROGRAMs outlive the process: bytes by key (the device layer's compile cache implements it)."""
+  def get(self, key: str) -> bytes | None: ...
+  def put(self, key: str, blob: bytes) -> None: ...
+
+
+_code_digests: dict[str, str] = {}
+
+
+def _code_digest(module: str) -> str:
+  """A digest of every .py file of the package holding `module` (plugrad's own, a plugin's): a program made by other
+  code is another program."""
+  pkg = module.split(".")[0]
+  if (d := _code_digests.get(pkg)) is None:
+    h = hashlib.sha256()
+    if (f := getattr(sys.modules.get(pkg), "__file__", None)) is not None:
+      for p in sorted(Path(f).parent.rglob("*.py")): h.update(str(p.relative_to(Path(f).parent)).encode() + b"\0" + p.read_bytes())
+    d = _code_digests[pkg] = h.hexdigest()
+  return d
+
+
+def store_key(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> str:
+  """The persistent key of a PROGRAM: the AST, the renderer (kind and every attribute: vector width, target CPU, ...),
+  the actions, every setting (the context variables and PACK_BUDGET) and the code of plugrad and of the renderer's
+  package."""
+  from plugrad.codegen.opt.heuristic import PACK_BUDGET
+  settings = sorted((k, repr(v.value)) for k, v in ContextVar._registry.items())
+  attrs = sorted((k, repr(v)) for k, v in vars(renderer).items())
+  h = hashlib.sha256(dumps_uop(ast))
+  for part in (renderer_key(renderer), attrs, None if opts is None else tuple(opts), settings, PACK_BUDGET, os.environ.get("EMULATE", ""),
+               _code_digest(__name__), _code_digest(type(renderer).__module__)):
+    h.update(repr(part).encode())
+  return h.hexdigest()
+
+
+def _stored(store: ProgramStore, key: str, renderer: Renderer) -> ProgramUOp | None:
+  if (blob := store.get(key)) is None: return None
+  try: prg: ProgramUOp = loads_uop(blob)  # type: ignore[assignment]
+  except Exception: return None  # written by another version of a dependency (a dtype, an enum): made again
+  return prg if prg.op is Ops.PROGRAM and prg.stage == "source" and prg.device == renderer.device else None
+
+
 def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None,
-                timer: Callable[[Renderer], CandidateTimer] | None = None) -> ProgramUOp:
-  """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST, renderer kind and actions)."""
+                timer: Callable[[Renderer], CandidateTimer] | None = None, store: ProgramStore | None = None) -> ProgramUOp:
+  """The PROGRAM for kernel `ast` on `renderer`'s device, rendered (cached per AST, renderer kind and actions; with a
+  `store` also across processes, except while tracing or printing the codegen: DEBUG>=2, VIZ, process replay)."""
   if ast.op is not Ops.SINK: raise TypeError(f"get_program needs a kernel AST (a SINK), got {ast.op!r}")
   key = (ast, *renderer_key(renderer), None if opts is None else tuple(opts), BEAM.value, NOOPT.value)
   if (hit := _cache.get(key)) is not None: return hit
+  skey = store_key(ast, renderer, opts) if store is not None and not trace.TRACING and DEBUG < 2 else None
+  if store is not None and skey is not None and (prg := _stored(store, skey, renderer)) is not None:
+    _cache[key] = prg
+    return prg
   start = time.perf_counter()
   rec = trace.kernel_begin(ast, renderer, opts) if trace.TRACING else None  # VIZ, process replay (plugrad/trace.py)
   try:
@@ -96,4 +151,5 @@ def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None,
     print(f"codegen {prg.name:<24} opts {list(prg.applied_opts)}  flops {e.ops}  bytes {e.mem}  traffic {e.lds}  local bytes {e.local_bytes}")
   if DEBUG >= 4: print(prg.source)
   _cache[key] = prg
+  if store is not None and skey is not None: store.put(skey, dumps_uop(prg))
   return prg

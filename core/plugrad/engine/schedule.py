@@ -64,9 +64,10 @@ class ScheduleItem:
     if self.kind == "copy": return None
     if self.ast.op is Ops.PROGRAM: return self.ast
     from plugrad.codegen import get_program
+    from plugrad.device.compiler import PROGRAMS
     from plugrad.device.registry import Device
     from plugrad.device.search import DeviceTimer
-    return get_program(self.ast, Device[self.device].renderer, timer=DeviceTimer)
+    return get_program(self.ast, Device[self.device].renderer, timer=DeviceTimer, store=PROGRAMS)
 
   def __repr__(self) -> str:
     if self.kind == "kernel": name = self.program.name if self.ast.op is Ops.PROGRAM else self.ast.arg.name
