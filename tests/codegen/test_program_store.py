@@ -100,3 +100,19 @@ def test_a_warm_realize_gives_the_same_numbers(fresh: None, monkeypatch: pytest.
   again = (Tensor(a) @ Tensor(b)).relu().sum(0).numpy()
   np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(again, first)
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_the_key_is_the_same_in_another_process(device: str):
+  """Nothing per-process in the key: a renderer's sets (capabilities, dtypes) iterate in the per-process string-hash
+  order, and a repr with an address would never match again."""
+  import os
+  import subprocess
+  import sys
+  code = ("import numpy as np; from plugrad.tensor.tensor import Tensor; from plugrad.engine.schedule import create_schedule; "
+          "from plugrad.device.registry import Device; from plugrad.codegen import store_key; "
+          "t = (Tensor(np.ones((8, 12), np.float32), device=DEV) @ Tensor(np.ones((12, 5), np.float32), device=DEV)).relu(); "
+          "ast = [i for i in create_schedule(t.uop)[0] if i.kind == 'kernel'][-1].ast; print(store_key(ast, Device[DEV].renderer, None))")
+  keys = {subprocess.run([sys.executable, "-c", "DEV = " + repr(device) + "; " + code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
+  assert len(keys) == 1 and len(next(iter(keys))) == 64, keys

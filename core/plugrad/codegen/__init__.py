@@ -11,6 +11,7 @@ the AST, the renderer, the actions, every setting and the code that made it (`st
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -101,13 +102,24 @@ def _code_digest(module: str) -> str:
   return d
 
 
+def _canon(v: object) -> str:
+  """A repr that is the same in every process: sets sorted (their order follows the per-process string hash), the
+  fields of dataclasses and the items of containers in canonical form too."""
+  if isinstance(v, (set, frozenset)): return "{" + ", ".join(sorted(_canon(x) for x in v)) + "}"
+  if isinstance(v, (tuple, list)): return type(v).__name__ + "(" + ", ".join(_canon(x) for x in v) + ")"
+  if isinstance(v, dict): return "{" + ", ".join(sorted(f"{_canon(k)}: {_canon(x)}" for k, x in v.items())) + "}"
+  if dataclasses.is_dataclass(v) and not isinstance(v, type):
+    return type(v).__name__ + "(" + ", ".join(f"{f.name}={_canon(getattr(v, f.name))}" for f in dataclasses.fields(v)) + ")"
+  return repr(v)
+
+
 def store_key(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> str:
   """The persistent key of a PROGRAM: the AST, the renderer (kind and every attribute: vector width, target CPU, ...),
   the actions, every setting (the context variables and PACK_BUDGET) and the code of plugrad and of the renderer's
   package."""
   from plugrad.codegen.opt.heuristic import PACK_BUDGET
-  settings = sorted((k, repr(v.value)) for k, v in ContextVar._registry.items())
-  attrs = sorted((k, repr(v)) for k, v in vars(renderer).items())
+  settings = sorted((k, _canon(v.value)) for k, v in ContextVar._registry.items())
+  attrs = sorted((k, _canon(v)) for k, v in vars(renderer).items())
   h = hashlib.sha256(dumps_uop(ast))
   for part in (renderer_key(renderer), attrs, None if opts is None else tuple(opts), settings, PACK_BUDGET, os.environ.get("EMULATE", ""),
                _code_digest(__name__), _code_digest(type(renderer).__module__)):
