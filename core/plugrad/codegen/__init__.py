@@ -95,9 +95,11 @@ def _code_digest(module: str) -> str:
   code is another program."""
   pkg = module.split(".")[0]
   if (d := _code_digests.get(pkg)) is None:
-    h = hashlib.sha256()
-    if (f := getattr(sys.modules.get(pkg), "__file__", None)) is not None:
-      for p in sorted(Path(f).parent.rglob("*.py")): h.update(str(p.relative_to(Path(f).parent)).encode() + b"\0" + p.read_bytes())
+    h, mod = hashlib.sha256(), sys.modules.get(pkg)
+    if (f := getattr(mod, "__file__", None)) is not None:
+      # a package: all of it; a lone module (a script's __main__): that file only, not the folder it sits in
+      files = sorted(Path(f).parent.rglob("*.py")) if hasattr(mod, "__path__") else [Path(f)]
+      for p in files: h.update(str(p.relative_to(Path(f).parent)).encode() + b"\0" + p.read_bytes())
     d = _code_digests[pkg] = h.hexdigest()
   return d
 
