@@ -42,8 +42,9 @@ _AHEAD = _ahead_pool()
 
 
 def _after_fork() -> None:
-  global _AHEAD
+  global _AHEAD, _lock
   _AHEAD = _ahead_pool()  # the parent's thread does not exist in a forked child (its jobs there are ignored: _take_ahead)
+  _lock = threading.RLock()  # the compile thread may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork)
