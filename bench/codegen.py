@@ -1,8 +1,8 @@
 """Codegen time per kernel: each kernel of a GPT training step (bench/models.py's Decoder, GPT-2-small shapes: hidden
 768, 12 heads, FFN 3072, vocab 50257, seq 256, batch 4, AdamW; 2 layers by default) built once on the default device.
 
-"Codegen" is `get_program` (optimize → lower → expand → decompose → linearize → render) and the fused attention
-kernel's `attention_program`; the C/LLVM compile is not counted. Both are wrapped here and timed on their cache misses.
+"Codegen" is `get_program` (optimize → the codegen passes → linearize → render), which the fused attention kernels go
+through too; the C/LLVM compile is not counted. It is wrapped here and timed on its cache misses.
 Those caches are in memory only, so every kernel is built afresh in a new process (the disk cache only skips compiles).
 The garbage collector is off while the step runs (--gc keeps it on). Each of --reps runs is a fresh process; a kernel's
 time is its fastest (the machine's noise only adds). Printed: the slowest kernels, the median, max and total.
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import plugrad.codegen as codegen
-import plugrad.codegen.attention as attention
 
 HERE = Path(__file__).resolve().parent
 times: dict[str, float] = {}  # kernel name (#k: the k-th other kernel of that name) → ms of its build
@@ -38,7 +37,7 @@ profiles: list[cProfile.Profile] = []
 
 
 def timed(fn: Any) -> Any:
-  """`fn` (get_program or attention_program), timing each call that built a kernel: a cache hit adds nothing to
+  """`fn` (get_program), timing each call that built a kernel: a cache hit adds nothing to
   codegen_seconds."""
   def wrapper(*args: Any, **kw: Any) -> Any:
     before, t0 = codegen.codegen_seconds[0], time.perf_counter()
@@ -81,7 +80,6 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
   global profile_match
   profile_match = args.profile
   codegen.get_program = timed(codegen.get_program)  # type: ignore[method-assign]
-  attention.attention_program = timed(attention.attention_program)  # type: ignore[method-assign]
   if not args.gc: gc.disable()
   step(args.layers)
   gc.enable()

@@ -14,6 +14,7 @@ import pytest
 
 from plugrad import Context, Tensor, TinyJit, codegen, trace
 from plugrad.codegen import get_program
+from plugrad.codegen.passes import PASS_NAMES
 from plugrad.device.registry import Device
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.viz.server import TraceFileError, kernel_list, load_trace, serve_in_thread
@@ -78,7 +79,10 @@ def test_trace_records_stages_passes_and_fired_rules(tracing):
   assert np.allclose(got, ((np.arange(12).reshape(3, 4) + 1) * 2).sum(1))
   assert tracing.kernels, "no kernel was recorded"
   k = tracing.kernels[-1]
-  assert [n for n, _ in k.stages][:2] == ["ast", "optimized"] and k.stages[-1][0] == "linear" and k.program is not None
+  names = [n for n, _ in k.stages]
+  assert names[:2] == ["ast", "optimized"] and names[-1] == "linear" and k.program is not None
+  # then the codegen passes that changed the graph, in the pipeline's order
+  assert names[2:-1] and names[2:-1] == [p for p in PASS_NAMES if p in names[2:-1]], names
   steps = [s for kk in tracing.kernels for p in kk.passes for s in p.steps]
   assert steps, "no rewrite step was recorded"
   for rule, before, after in steps:
@@ -98,7 +102,7 @@ def test_trace_json_round_trip(tracing, tmp_path):
     n = len(k["nodes"])
     assert all(0 <= s < n for row in k["nodes"] for s in row[3])  # sources point into the table, before their users
     assert all(all(s < i for s in row[3]) for i, row in enumerate(k["nodes"]))
-    assert k["source"] and k["linear"] and {s["name"] for s in k["stages"]} >= {"ast", "optimized", "decompose"}
+    assert k["source"] and k["linear"] and {s["name"] for s in k["stages"]} >= {"ast", "optimized", "expand"}
   lst = kernel_list(data)
   assert sum(k["launches"] for k in lst) == len([ln for ln in data["launches"] if ln["kernel"] is not None])
 

@@ -1,8 +1,7 @@
 """The codegen pipeline: kernel AST (stage 2) → PROGRAM UOp, grown stage by stage and checked by the spec.
 
     optimize (actions: given, KernelInfo.opts_to_apply, BEAM search or the hand-coded heuristics; docs/optimizer.md)
-    → lower (group reductions, workgroup dims, expand UPCAST/UNROLL, reductions → accumulators)
-    → decompose (the shared semantics passes the renderer's flags ask for, codegen/decompose.py) → linearize → render
+    → the passes (codegen/passes.py: one named list, a renderer's own at named points) → linearize → render
 
 `get_program(ast, renderer)` returns the PROGRAM at the SOURCE stage; the device's compiler adds the BINARY.
 `DEBUG=2` prints each new kernel's applied actions and estimates, `DEBUG=4` the source, `DEBUG=5` the AST.
@@ -21,20 +20,15 @@ from pathlib import Path
 from typing import Protocol
 
 import plugrad.trace as trace
-from plugrad.codegen.decompose import decompose
-from plugrad.codegen.expand import expand
-from plugrad.codegen.linearize import linearize
-from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, simplify_gated_indices, split_ends
 from plugrad.codegen.opt import BEAM, NOOPT, Opt, Scheduler, hand_coded_optimizations
 from plugrad.codegen.opt.search import CandidateTimer
+from plugrad.codegen.passes import lower
 from plugrad.helpers import DEBUG, MAX_LOADED_KERNELS, ContextVar, LRUCache
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import KernelInfo, Ops, UOp
 from plugrad.uop.program import ProgramUOp, make_program
-from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.serial import dumps_uop, loads_uop
 from plugrad.uop.spec import maybe_check
-from plugrad.uop.symbolic import symbolic
 
 _cache: LRUCache[tuple, ProgramUOp] = LRUCache(MAX_LOADED_KERNELS)  # bounded: a long run with new shapes stays flat
 codegen_seconds = [0.0]  # total time spent here (the benchmark reads it)
@@ -55,24 +49,19 @@ def optimize(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None, ti
   return k.get_optimized_ast()
 
 
-def lower(opt_ast: UOp, renderer: Renderer) -> list[UOp]:
-  """An optimized kernel AST → the linear uops."""
-  info = opt_ast.arg if isinstance(opt_ast.arg, KernelInfo) else KernelInfo()
-  lowered = add_gpudims(lower_group_reduces(drop_unit_ranges(opt_ast)), renderer, info.dont_use_locals)
-  if trace.TRACING: trace.stage("gpudims", lowered)
-  # gated indices simplified once per access before the expander copies them per lane (the lanes' indices differ);
-  # one rewrite cache for all of them: the lanes' indices (and their forms under each gate) share most of their nodes
-  memo: dict[UOp, UOp] = {}
-  def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic, name="gated index", cache=memo)
-  lowered = simplify_gated_indices(lowered, simplify)
-  lowered = graph_rewrite(expand(lowered, renderer.vector_width), symbolic, name="gpudims")
-  if trace.TRACING: trace.stage("expand", lowered)
-  lowered = simplify_gated_indices(lowered, simplify)
-  lowered = split_ends(lower_reduces(lowered))
-  if trace.TRACING: trace.stage("reduces", lowered)
-  lowered = decompose(lowered, renderer)
-  if trace.TRACING: trace.stage("decompose", lowered)
-  return linearize(lowered)
+def linear_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None, device: str | None = None,
+                   timer: Callable[[Renderer], CandidateTimer] | None = None) -> ProgramUOp:
+  """The PROGRAM of kernel `ast` at the LINEAR stage (for `device`, default the renderer's): optimized, then through the
+  codegen passes. A kernel written in lowered form (`KernelInfo.entry_pass`) skips the optimizer and joins the passes
+  at its entry; its PROGRAM's kernel AST is empty (its registers and loops are explicit: nothing may optimize or lower
+  it again), its LINEAR complete, so any renderer can render it."""
+  info = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
+  if info.entry_pass: return make_program(UOp(Ops.SINK, ast.dtype, (), info), device or renderer.device).with_linear(lower(ast, renderer))
+  maybe_check("kernel", ast)
+  if DEBUG >= 5: print(ast)
+  opt_ast = optimize(ast, renderer, opts, timer)
+  if trace.TRACING: trace.stage("optimized", opt_ast)
+  return make_program(opt_ast, device or renderer.device).with_linear(lower(opt_ast, renderer))
 
 
 def renderer_key(renderer: Renderer) -> tuple:
@@ -150,11 +139,7 @@ def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None,
   start = time.perf_counter()
   rec = trace.kernel_begin(ast, renderer, opts) if trace.TRACING else None  # VIZ, process replay (plugrad/trace.py)
   try:
-    maybe_check("kernel", ast)
-    if DEBUG >= 5: print(ast)
-    opt_ast = optimize(ast, renderer, opts, timer)
-    if rec is not None: trace.stage("optimized", opt_ast)
-    prg = make_program(opt_ast, renderer.device).with_linear(lower(opt_ast, renderer))
+    prg = linear_program(ast, renderer, opts, timer=timer)
     prg = prg.with_source(renderer.render(prg))
   finally:
     if rec is not None and rec.program is None: trace.kernel_abort(rec)

@@ -327,19 +327,49 @@ def decompositions(renderer: Renderer) -> PatternMatcher:
   return _matcher(renderer.safe_int_div, renderer.safe_shifts, renderer.nan_max, renderer.full_pow)
 
 
-def decompose(sink: UOp, renderer: Renderer) -> UOp:
-  """`sink` with the shared decompositions for `renderer` applied, then the renderer's `extra_matcher`."""
-  if any(_is_address_vector(u) for u in sink.toposort): sink = graph_rewrite(sink, _SPLIT_PM, name="address lanes")
-  if any(_needs_polynomial(renderer, u) for u in sink.toposort): sink = graph_rewrite(sink, _MATH_PM, ctx=renderer, name="transcendentals")
-  # ctx: the guarded ops already written, so the guard around one is not matched again. A rewrite in which no rule fires
-  # on any node returns its input, so the kernel is walked only when one fires somewhere: most kernels have none of these
-  # ops, or only divisions by constants (no guard needed)
+def split_address_lanes(sink: UOp, renderer: Renderer) -> UOp:
+  """Vector loads and stores through a vector of addresses (a gather, a scatter) split into one access per lane."""
+  return graph_rewrite(sink, _SPLIT_PM, name="address lanes") if any(_is_address_vector(u) for u in sink.toposort) else sink
+
+
+def transcendentals(sink: UOp, renderer: Renderer) -> UOp:
+  """EXP2, LOG2 and SIN the device does not compute itself written out as float32 polynomials."""
+  return graph_rewrite(sink, _MATH_PM, ctx=renderer, name="transcendentals") if any(_needs_polynomial(renderer, u) for u in sink.toposort) else sink
+
+
+def guards(sink: UOp, renderer: Renderer) -> UOp:
+  """The semantic guards `renderer`'s capability flags ask for (integer division and shifts, nan-propagating MAX, POW,
+  Threefry). ctx: the guarded ops already written, so the guard around one is not matched again. A rewrite in which no
+  rule fires on any node returns its input, so the kernel is walked only when one fires somewhere: most kernels have
+  none of these ops, or only divisions by constants (no guard needed)."""
   pm = decompositions(renderer)
-  if any(u.op in pm.fast and pm.rewrite(u, set()) is not None for u in sink.toposort): sink = graph_rewrite(sink, pm, ctx=set(), name="decompose")
-  # after the guards (a bfloat16 MAX may have become selects); the emulation's own shifts are by constants in range
-  if not renderer.native_bfloat16 and any(u.dtype.base.scalar() is _BF16 for u in sink.toposort):
-    sink = graph_rewrite(sink, _BF16_PM, name="bfloat16 emulation")
+  if not any(u.op in pm.fast and pm.rewrite(u, set()) is not None for u in sink.toposort): return sink
+  return graph_rewrite(sink, pm, ctx=set(), name="decompose")
+
+
+def bfloat16_emulation(sink: UOp, renderer: Renderer) -> UOp:
+  """bfloat16 as float32 arithmetic on 16-bit storage, for a renderer without native bfloat16. After the guards (a
+  bfloat16 MAX may have become selects); the emulation's own shifts are by constants in range."""
+  if renderer.native_bfloat16 or not any(u.dtype.base.scalar() is _BF16 for u in sink.toposort): return sink
+  return graph_rewrite(sink, _BF16_PM, name="bfloat16 emulation")
+
+
+def renderer_rules(sink: UOp, renderer: Renderer) -> UOp:
+  """The renderer's own rewrites (`Renderer.extra_matcher`), after the shared ones."""
   return sink if renderer.extra_matcher is None else graph_rewrite(sink, renderer.extra_matcher, name="renderer extra_matcher")
+
+
+# the last passes of the codegen pipeline (codegen/passes.py), in their order: what `decompose` applies
+DECOMPOSITIONS: tuple[tuple[str, Callable[[UOp, Renderer], UOp]], ...] = (
+  ("address lanes", split_address_lanes), ("transcendentals", transcendentals), ("guards", guards), ("bfloat16", bfloat16_emulation),
+  ("renderer rules", renderer_rules))
+
+
+def decompose(sink: UOp, renderer: Renderer) -> UOp:
+  """`sink` with the shared decompositions for `renderer` applied, then the renderer's `extra_matcher`: the pipeline's
+  DECOMPOSITIONS, for graphs built outside it (hand-written linear kernels, tests)."""
+  for _, fn in DECOMPOSITIONS: sink = fn(sink, renderer)
+  return sink
 
 
 def decompose_linear(uops: list[UOp], renderer: Renderer) -> list[UOp]:

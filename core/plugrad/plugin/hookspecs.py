@@ -16,7 +16,7 @@ import pluggy
 from plugrad.errors import InvalidDeviceStringError
 
 PROJECT_NAME = "plugrad"
-API_VERSION: tuple[int, int] = (2, 4)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md: what each minor added)
+API_VERSION: tuple[int, int] = (2, 5)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md: what each minor added)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

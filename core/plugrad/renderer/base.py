@@ -7,7 +7,7 @@ The conformance suite gates its tests on `capabilities`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugrad.dtype import DType, PtrDType, dtypes
@@ -57,6 +57,9 @@ class Renderer(abc.ABC):
   # its transcendentals). Empty: the least capable device. `math_is_native` may answer per dtype instead.
   native_math: frozenset[Ops] = frozenset()
   extra_matcher: PatternMatcher | None = None  # the backend's own rewrites of the kernel graph, after the shared passes
+  # passes the backend adds to the codegen pipeline (codegen/passes.py, docs/architecture.md): (the name of the pass it
+  # runs after, its own name, fn(graph, renderer) -> graph) each, placed in this order
+  extra_passes: tuple[tuple[str, str, Callable[[UOp, Renderer], UOp]], ...] = ()
   # The PYTHON interpreter's target (`EMULATE=...`, builtin/python_renderer.py TARGETS) that describes this device for
   # the conformance suite's emulate tier; None: the one named like the device, if any. A device whose architectures
   # differ (AMD: RDNA3 WMMA is "AMD", CDNA3 MFMA "AMD_MFMA") names the one its renderer targets.
@@ -106,6 +109,9 @@ class Renderer(abc.ABC):
     if not isinstance(self.atomic_add, frozenset) or not all(isinstance(d, DType) and d.count == 1 and not isinstance(d, PtrDType)
                                                                and d is not dtypes.bool for d in self.atomic_add):
       raise RendererError(f"{who}.atomic_add must be a frozenset of scalar non-bool dtypes, got {self.atomic_add!r}")
+    if not isinstance(self.extra_passes, tuple) or not all(isinstance(e, tuple) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
+                                                             and callable(e[2]) for e in self.extra_passes):
+      raise RendererError(f"{who}.extra_passes must be a tuple of (after, name, fn) with two str and a callable, got {self.extra_passes!r}")
     return self
 
 

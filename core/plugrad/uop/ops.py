@@ -89,6 +89,9 @@ class KernelInfo:
   dont_use_locals: bool = False
   # written outside plugrad (`new_program`): its LINEAR only declares the signature, so nothing may render it again
   external: bool = False
+  # written in lowered form (explicit loops and registers: fused attention): the codegen pass it joins the pipeline at
+  # (codegen/passes.py), skipping the optimizer and the passes before; "" = an ordinary kernel AST
+  entry_pass: str = ""
 
 
 ConstType = float | int | bool

@@ -1,4 +1,4 @@
-"""The fused attention backward: two kernels in the lowered form of `codegen/attention.py` (registers, explicit loops),
+"""The fused attention backward: two kernels in the lowered form of `forward.py` (registers, explicit loops),
 so the probabilities P and their gradient dS never reach memory either.
 
 With s = q·kᵀ·scale + mask (base 2: times log2 e), P = exp2(s − lse2) and dP = dO·vᵀ, the gradients are
@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from plugrad.codegen.attention import (
+from plugrad.codegen.attention.common import (
+  ENTRY_PASS,
   LOG2E,
   MAX_ACC_VECTORS,
   MAX_SCORE_VECTORS,
@@ -154,7 +155,7 @@ def backward_q_kernel(sh: AttentionShape, renderer: Renderer, stats_given: bool 
   body = UOp(Ops.GROUP, dtypes.void, tuple(stores))
   if b.g.op is Ops.RANGE: body = UOp(Ops.END, dtypes.void, (body, b.g))
   name = sh.name.replace("flash_attn", "flash_attn_bwd_q" if stats_given else "flash_attn_bwd_q2", 1)
-  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, (), ()))
+  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(name, (), (), entry_pass=ENTRY_PASS))
 
 
 def _row_statistics(b: _Builder, rows: list[UOp], nblocks: int | UOp, w: int,
@@ -246,7 +247,7 @@ def backward_kv_kernel(sh: AttentionShape, renderer: Renderer) -> UOp:
         stores.append(out.index(bh * (S * width) + j * width + kk * u, b.gate).store((val * factor if factor is not None else val).cast(dt.vec(u))))
   body = UOp(Ops.GROUP, dtypes.void, tuple(stores))
   if b.g.op is Ops.RANGE: body = UOp(Ops.END, dtypes.void, (body, b.g))
-  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(sh.name.replace("flash_attn", "flash_attn_bwd_kv", 1), (), ()))
+  return UOp(Ops.SINK, dtypes.void, (body,), KernelInfo(sh.name.replace("flash_attn", "flash_attn_bwd_kv", 1), (), (), entry_pass=ENTRY_PASS))
 
 
 __all__ = ["backward_kv_kernel", "backward_q_kernel", "backward_tiling"]

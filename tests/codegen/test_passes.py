@@ -1,0 +1,99 @@
+"""The codegen pipeline as one list of named passes (codegen/passes.py): a renderer's own passes at named points,
+kernels written in lowered form joining at their entry pass, and one cache, timing and trace for every kernel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import plugrad.codegen as codegen
+from plugrad import trace
+from plugrad.builtin.python_renderer import PythonRenderer
+from plugrad.codegen import get_program
+from plugrad.codegen.attention import AttentionShape, attention_program, attention_sink
+from plugrad.codegen.passes import PASS_NAMES, passes_for, run_passes
+from plugrad.dtype import dtypes
+from plugrad.engine.schedule import create_schedule
+from plugrad.renderer.base import RendererError
+from plugrad.tensor.tensor import Tensor
+from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.pattern import PatternMatcher, UPat
+from plugrad.uop.rewrite import graph_rewrite
+
+SEEN: list[set[Ops]] = []
+
+
+def _twos_to_threes(u: UOp, renderer: object) -> UOp:
+  SEEN.append({x.op for x in u.toposort})
+  pm = PatternMatcher([(UPat(Ops.CONST, dtypes.float32, name="c"), lambda c: c.replace(arg=3.0) if c.arg == 2.0 else None)])
+  return graph_rewrite(u, pm, name="twos to threes")
+
+
+class ThreesRenderer(PythonRenderer):
+  extra_passes = (("expand", "twos to threes", _twos_to_threes),)
+
+
+def _ast(scale: float = 2.0) -> UOp:
+  a = Tensor(np.arange(16, dtype=np.float32).reshape(4, 4))
+  items, _ = create_schedule(((a * scale).sum(axis=1)).uop)
+  return [it for it in items if it.kind == "kernel"][-1].ast
+
+
+def test_the_pipeline_is_one_named_list_in_order():
+  assert PASS_NAMES[:3] == ("unit ranges", "group reduces", "gpudims") and PASS_NAMES[-1] == "renderer rules"
+  assert PASS_NAMES.index("expand") < PASS_NAMES.index("reduces") < PASS_NAMES.index("guards")
+  assert len(set(PASS_NAMES)) == len(PASS_NAMES)
+
+
+def test_a_renderer_adds_a_pass_after_a_named_one():
+  r = ThreesRenderer("PYTHON")
+  names = [p.name for p in passes_for(r)]
+  assert names[names.index("expand") + 1] == "twos to threes" and len(names) == len(PASS_NAMES) + 1
+  SEEN.clear()
+  prg = get_program(_ast(), r)
+  assert SEEN and Ops.REDUCE in SEEN[0], "the pass runs after the expander, before the reductions are lowered"
+  # the pass changed the kernel: the constant it rewrote is what the source computes with
+  assert "3.0" in prg.source and "2.0" not in prg.source
+  plain = get_program(_ast(), PythonRenderer("PYTHON"))
+  assert "2.0" in plain.source
+
+
+def test_a_pass_placed_after_an_unknown_one_is_an_error_naming_it():
+  class Bad(PythonRenderer):
+    extra_passes = (("no such pass", "mine", lambda u, r: u),)
+  with pytest.raises(RendererError, match=r"Bad\.extra_passes: pass 'mine' is to run after 'no such pass'"):
+    passes_for(Bad("PYTHON"))
+  class Malformed(PythonRenderer):
+    extra_passes = (("expand", lambda u, r: u),)  # type: ignore[assignment]
+  with pytest.raises(RendererError, match="extra_passes must be a tuple of"):
+    Malformed("PYTHON")
+
+
+def test_an_unknown_entry_pass_is_an_error():
+  with pytest.raises(ValueError, match="enters the codegen at 'nowhere'"):
+    run_passes(_ast(), PythonRenderer("PYTHON"), "nowhere")
+
+
+SHAPE = AttentionShape(1, 2, 8, 8, 4, 4, dtypes.float32, None, True, 0.5)
+
+
+def test_attention_kernels_go_through_get_program(monkeypatch: pytest.MonkeyPatch):
+  monkeypatch.setattr(codegen, "_cache", {})
+  r = PythonRenderer("PYTHON")
+  before = codegen.codegen_seconds[0]
+  t = trace.enable()
+  try: prg = attention_program(SHAPE, r, "backward_kv")
+  finally: trace.disable()
+  assert codegen.codegen_seconds[0] > before  # one codegen timing
+  assert attention_program(SHAPE, r, "backward_kv") is prg  # one program cache
+  assert prg.name.startswith("flash_attn_bwd_kv") and prg.ast.src == ()  # nothing may optimize or lower it again
+  (k,) = t.kernels
+  names = [n for n, _ in k.stages]
+  # one trace: the kernel joins at its entry pass (no optimizer stage), then the pipeline's passes in order
+  assert names[0] == "ast" and "optimized" not in names and names[-1] == "linear"
+  assert names[1:-1] == [p for p in PASS_NAMES[PASS_NAMES.index("symbolic"):] if p in names], names
+  assert "reduces" in names
+
+
+def test_attention_sink_rejects_an_unknown_kind():
+  with pytest.raises(ValueError, match="attention kernel kind must be one of"):
+    attention_sink(SHAPE, PythonRenderer("PYTHON"), "sideways")
