@@ -9,8 +9,18 @@ import plugrad.trace as trace
 from plugrad.device.registry import Device
 from plugrad.dtype import dtypes
 from plugrad.helpers import Context
+from plugrad.plugin.manager import set_builtin_plugin
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Variable
+
+
+# the built-in devices (PYTHON, NULL) are a plugin above the device floor, handed to the plugin manager from here
+def _builtin_plugin() -> object:
+  import plugrad.builtin.plugin as builtin
+  return builtin
+
+
+set_builtin_plugin(_builtin_plugin)
 
 # the tools above the core's floors hook into the tracing at its floor: VIZ's server and process replay's recorder
 if trace.VIZ == 1:

@@ -196,9 +196,8 @@ class PluginManager:
       if not self._loaded:
         strict, no_plugins, allow, _ = self.strict, self.no_plugins, self.allowlist, self.probe_timeout  # bad values raise first
         self._loaded = True
-        if self._builtins:
-          self._add(importlib.import_module("plugrad.builtin.plugin"),
-                    PluginRecord("builtin", "plugrad", core_version(), "plugrad.builtin.plugin", builtin=True))
+        if self._builtins and (mod := _builtin_plugin[0]) is not None:
+          self._add(mod(), PluginRecord("builtin", "plugrad", core_version(), "plugrad.builtin.plugin", builtin=True))
         try: eps = sorted(self._entry_points(), key=lambda e: (_dist_of(e)[0], e.name))
         except Exception as e:  # a corrupt installation: report it, keep the built-ins usable
           eps = []
@@ -635,6 +634,16 @@ def _fix_remedy(rec: PluginRecord) -> str:
 # ---- the process-wide manager (replaceable, so that tests and embedders can start from a clean state)
 _manager: PluginManager | None = None
 _manager_lock = threading.Lock()
+
+
+# the built-in PYTHON and NULL devices' plugin module, given by the package's top (plugrad/__init__.py): the manager sits
+# below the built-in plugin, which imports plugrad.backend like any plugin, so it is handed the module, never imports it
+_builtin_plugin: list[Callable[[], Any] | None] = [None]
+
+
+def set_builtin_plugin(load: Callable[[], Any]) -> None:
+  """`load()` returns the module of the built-in devices' hook implementations (imported when plugins are first loaded)."""
+  _builtin_plugin[0] = load
 
 
 def get_manager() -> PluginManager:

@@ -18,38 +18,13 @@ scratch array in the order the kernel reads it (B-panel packing), and the kernel
 """
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
 from plugrad.codegen.expand import linear_coefficient
+from plugrad.codegen.opt.actions import KernelOptError, Opt, OptOps
+from plugrad.codegen.opt.tc import apply_tc
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import prod
 from plugrad.renderer.base import Renderer
 from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
-
-
-class OptOps(enum.Enum):
-  TC = enum.auto(); UPCAST = enum.auto(); UNROLL = enum.auto(); LOCAL = enum.auto(); THREAD = enum.auto()
-  GROUP = enum.auto(); GROUPTOP = enum.auto(); NOLOCALS = enum.auto(); PADTO = enum.auto(); SWAP = enum.auto()
-  TILE = enum.auto(); PACK = enum.auto()
-
-  def __repr__(self) -> str: return f"OptOps.{self.name}"
-
-
-@dataclass(frozen=True, order=True)
-class Opt:
-  """One action: `op` on axis `axis` by `amount` (0 = the whole axis, for UPCAST/UNROLL/LOCAL/GROUP; SWAP: the other
-  axis; TC: unused)."""
-  op: OptOps
-  axis: int | None = None
-  amount: int | None = None
-
-  def __repr__(self) -> str: return f"Opt(op={self.op!r}, axis={self.axis}, amount={self.amount})"
-
-
-class KernelOptError(ValueError):
-  """An action that cannot be applied to this kernel on this renderer; the message says why."""
-
 
 MAX_UPCAST = 1024         # lanes (product of UPCAST and UNROLL sizes) a kernel may ask for: an 8x32 tile unrolled by 4
 MAX_PACK_BYTES = 1 << 19  # a PACK scratch array lives on the thread's stack: at most 512 KiB
@@ -159,7 +134,6 @@ class Scheduler:
     if op is OptOps.TC:
       if any(o.op is not OptOps.PADTO for o in self.applied):
         raise KernelOptError(f"{opt}: TC must be the first action (it rewrites the reduction; only PADTO may come before it)")
-      from plugrad.codegen.opt.tc import apply_tc
       self.ast = apply_tc(self, opt)
       return
     if op is OptOps.NOLOCALS:

@@ -20,14 +20,25 @@ no mask (it only feeds outputs the gated stores drop).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from plugrad.codegen.opt.actions import KernelOptError, Opt
 from plugrad.dtype import dtypes
+from plugrad.renderer.base import Renderer
 from plugrad.renderer.tensor_cores import Layout, TensorCore
 from plugrad.uop.ops import AxisType, Ops, UOp
 
-if TYPE_CHECKING:
-  from plugrad.codegen.opt.kernel import Opt, Scheduler
+
+class TCKernel(Protocol):
+  """What the TC action reads and uses of the kernel being optimized (kernel.py's Scheduler)."""
+  ast: UOp
+  renderer: Renderer
+  dont_use_locals: bool
+  @property
+  def output_axes(self) -> list[UOp]: ...
+  @property
+  def reduces(self) -> list[UOp]: ...
+  def new_range(self, size: int | UOp, t: AxisType) -> UOp: ...
 
 
 def _strip_cast(u: UOp) -> UOp: return u.src[0] if u.op is Ops.CAST else u
@@ -46,7 +57,6 @@ def _bit_expr(lane: UOp, f: list[int]) -> UOp | None:
 
 
 def _coords(lane: UOp, layout: Layout, e: int, what: str, tc: TensorCore) -> tuple[UOp, UOp]:
-  from plugrad.codegen.opt.kernel import KernelOptError
   rows, cols = [lay[e][0] for lay in layout], [lay[e][1] for lay in layout]
   r, c = _bit_expr(lane, rows), _bit_expr(lane, cols)
   if r is None or c is None: raise KernelOptError(f"TC {tc.device}/{tc.name}: the {what} layout is not linear in the bits of the lane index")
@@ -65,9 +75,8 @@ class TCMatch:
     self.red, self.a, self.b, self.triples = red, a, b, triples
 
 
-def match_tc(k: Scheduler, opt: Opt | None = None) -> TCMatch:
+def match_tc(k: TCKernel, opt: Opt | None = None) -> TCMatch:
   """The factors of `k`'s reduction and its (i, j, k) triples, innermost first; KernelOptError says why there are none."""
-  from plugrad.codegen.opt.kernel import KernelOptError
   what = f"{opt}" if opt is not None else "TC"
   reds = k.reduces
   if len(reds) != 1 or reds[0].arg is not Ops.ADD or len(reds[0].src) < 2:
@@ -101,8 +110,7 @@ def pick_triple(m: TCMatch, tc: TensorCore) -> tuple[UOp, UOp, UOp] | None:
   return next((t for t in m.triples if fits(t)), None)
 
 
-def apply_tc(k: Scheduler, opt: Opt) -> UOp:
-  from plugrad.codegen.opt.kernel import KernelOptError
+def apply_tc(k: TCKernel, opt: Opt) -> UOp:
   rd = k.renderer
   if not rd.tensor_cores: raise KernelOptError(f"{opt}: {rd.device} has no tensor cores")
   if not rd.has_local or k.dont_use_locals: raise KernelOptError(f"{opt}: tensor cores need workgroups")
