@@ -7,7 +7,8 @@ is a major bump, a name added a minor one. Everything else in the core is privat
 
 What is here, by the job it does:
 
-* registration: `hookimpl`, `DeviceSpec`, `API_VERSION`, `device_name`, `parse_device`
+* registration: `hookimpl`, `for_device` (a component hook that answers only for the plugin's devices), `DeviceSpec`,
+  `API_VERSION`, `device_name`, `parse_device`
 * errors: `DeviceError` and its typed subclasses (`CompileError`, `LaunchError`, `DeviceUnavailableError`, ...)
 * dtypes: `DType`, `PtrDType`, `AddrSpace`, `dtypes`
 * the IR: `UOp`, `Ops`, `GroupOp`, `AxisType`, `KernelInfo`, `UPat`, `PatternMatcher`, `graph_rewrite`
@@ -19,7 +20,7 @@ What is here, by the job it does:
   hooks) and its `Ptr` (a rendered pointer: `render_atomic_add`'s argument), `linear_parts`, `use_analysis`, `define_of`,
   `no_signed_wrap`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
 * compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
-* memory: `Allocator`, `BufferSpec`, `Buffer`
+* memory: `Allocator`, `StagedAllocator` (host copies through pinned staging buffers), `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
 * batching: `GraphRunner`, `GraphKernel`, `GraphError`; for graphs of kernel nodes `GraphPlan`, `GraphLaunch`,
   `GraphTopology`, `graph_topology`
@@ -29,7 +30,7 @@ What is here, by the job it does:
 """
 from __future__ import annotations
 
-from plugrad.device.allocator import Allocator, BufferSpec
+from plugrad.device.allocator import Allocator, BufferSpec, StagedAllocator
 from plugrad.device.buffer import Buffer
 from plugrad.device.compiler import Compiler
 from plugrad.device.custom import new_program, run_program
@@ -47,7 +48,7 @@ from plugrad.errors import (
   UnsupportedDTypeError,
 )
 from plugrad.helpers import DEBUG, SettingsError, getenv, parse_setting, prod
-from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, hookimpl, parse_device
+from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, for_device, hookimpl, parse_device
 from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, define_of, linear_parts, no_signed_wrap, use_analysis
 from plugrad.renderer.cstyle import CStyleRenderer, Ptr, c_identifier, float32_repr
 from plugrad.renderer.tensor_cores import (
@@ -66,7 +67,7 @@ from plugrad.uop.rewrite import graph_rewrite
 
 __all__ = [
   # registration
-  "API_VERSION", "DeviceSpec", "device_name", "hookimpl", "parse_device",
+  "API_VERSION", "DeviceSpec", "device_name", "for_device", "hookimpl", "parse_device",
   # errors
   "CompileError", "DeviceError", "DeviceUnavailableError", "GraphError", "LaunchError", "OutOfMemoryError", "PluginHookError",
   "ProgramArgumentError", "ProgramError", "ProgramStageError", "RendererError", "UnknownTensorCoreError", "UnsupportedDTypeError",
@@ -79,7 +80,8 @@ __all__ = [
   "no_signed_wrap",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   # compiling, memory, running, batching
-  "Compiler", "Allocator", "BufferSpec", "Buffer", "Dims", "Runtime", "GraphKernel", "GraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",
+  "Compiler", "Allocator", "StagedAllocator", "BufferSpec", "Buffer", "Dims", "Runtime",
+  "GraphKernel", "GraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",
   "graph_topology",
   # helpers
   "DEBUG", "Device", "getenv", "prod",

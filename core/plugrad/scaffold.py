@@ -88,7 +88,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrad.backend import DeviceSpec, device_name, hookimpl
+from plugrad.backend import DeviceSpec, for_device, hookimpl
 
 NAME = "$NAME"
 API = $api_tuple  # the plugin API this code is written against: a literal (plugrad.backend.API_VERSION is whatever core is installed)
@@ -106,29 +106,29 @@ def plugrad_devices() -> list[DeviceSpec]:
 
 
 @hookimpl
+@for_device(NAME)  # the hook answers None for another plugin's device
 def plugrad_renderer(device: str) -> Any:
-  if device_name(device) != NAME: return None  # not mine: let another plugin answer
   from $pkg.renderer import ${cls}Renderer
   return ${cls}Renderer(device)
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_compiler(device: str, renderer: Any) -> Any:
-  if device_name(device) != NAME: return None
   from $pkg.compiler import ${cls}Compiler
   return ${cls}Compiler()
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_allocator(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from $pkg.runtime import ${cls}Allocator
   return ${cls}Allocator(device)
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_runtime(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from $pkg.runtime import ${cls}Runtime
   return ${cls}Runtime(device)
 
@@ -139,8 +139,9 @@ XFAILS = {f"test_kernel[global_ids-{tier}]": "no launch indices: set has_local a
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_conformance_xfails(device: str) -> Any:
-  return dict(XFAILS) if device_name(device) == NAME else None
+  return dict(XFAILS)
 '''
 
 RENDERER = '''\

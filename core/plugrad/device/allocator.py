@@ -6,6 +6,7 @@ re-allocates buffers of the same sizes on every step), byte accounting, and out-
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -157,3 +158,71 @@ def _check_request(nbytes: Any, options: Any) -> None:
 
 def _fmt_opts(options: BufferSpec | None) -> str: return "" if options is None or options == BufferSpec() else f" with {options}"
 def _describe(x: Any) -> str: return f"a memoryview of {x.nbytes} bytes" if isinstance(x, memoryview) else type(x).__name__
+
+
+class StagedAllocator(Allocator[H]):
+  """An allocator for device memory the host cannot address (a discrete GPU): host copies go through pinned host
+  buffers that the device's DMA engine reads and writes, in chunks of `STAGING` bytes. Two staging buffers alternate,
+  so the host fills one while the DMA reads the other; a buffer is reused only once the event of its last copy has
+  completed. A copy in may return before the device has the data (the DMA reads the staging buffer, not the caller's
+  memory); a copy out waits for each chunk's event, after the kernels queued before it on the same stream.
+
+  A backend implements `_alloc`/`_free` as for any allocator and the driver's five calls below, in place of
+  `_copyin`/`_copyout`."""
+  STAGING = 4 << 20  # bytes per staging buffer; larger copies go in chunks
+
+  def __init__(self, device: str):
+    super().__init__(device)
+    self._staging: list[Any] = []
+    self._next = 0
+
+  # ---- what a backend implements
+  def _pinned(self, nbytes: int) -> tuple[int, Any]:
+    """A new page-locked host buffer of `nbytes` and an event for it: (its address, the event)."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _pinned(nbytes)")
+  def _dma_in(self, handle: H, offset: int, host: int, nbytes: int) -> None:
+    """Queue a copy of `nbytes` from host address `host` to byte `offset` of `handle` on the device's stream."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _dma_in(handle, offset, host, nbytes)")
+  def _dma_out(self, host: int, handle: H, offset: int, nbytes: int) -> None:
+    """Queue a copy of `nbytes` from byte `offset` of `handle` to host address `host` on the device's stream."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _dma_out(host, handle, offset, nbytes)")
+  def _record(self, event: Any) -> None:
+    """Record `event` on the device's stream (after the copy just queued)."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _record(event)")
+  def _wait_event(self, event: Any) -> None:
+    """Block until `event` has completed."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _wait_event(event)")
+  def _activate(self) -> None:
+    """Make this device's context current for the calls that follow (default: nothing to do)."""
+
+  # ---- the staged copies
+  def _stage(self) -> tuple[int, Any]:
+    while len(self._staging) < 2: self._staging.append(self._pinned(self.STAGING))
+    host, event = self._staging[self._next]
+    self._next ^= 1
+    self._wait_event(event)
+    return host, event
+
+  @staticmethod
+  def _view(host: int, n: int) -> memoryview: return memoryview((ctypes.c_ubyte * n).from_address(host)).cast("B")
+
+  def _copyin(self, handle: H, src: memoryview) -> None:
+    self._activate()
+    data = src.cast("B") if src.format != "B" or src.ndim != 1 else src
+    for off in range(0, len(data), self.STAGING):
+      n = min(self.STAGING, len(data) - off)
+      host, event = self._stage()
+      self._view(host, n)[:] = data[off:off + n]
+      self._dma_in(handle, off, host, n)
+      self._record(event)
+
+  def _copyout(self, dest: memoryview, handle: H) -> None:
+    self._activate()
+    out = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
+    for off in range(0, len(out), self.STAGING):
+      n = min(self.STAGING, len(out) - off)
+      host, event = self._stage()
+      self._dma_out(host, handle, off, n)
+      self._record(event)
+      self._wait_event(event)
+      out[off:off + n] = self._view(host, n)

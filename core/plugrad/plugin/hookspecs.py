@@ -6,15 +6,17 @@ See docs/writing-a-backend.md for the full contract.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 
 from plugrad.errors import InvalidDeviceStringError
 
+T = TypeVar("T")
 PROJECT_NAME = "plugrad"
 API_VERSION: tuple[int, int] = (2, 5)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md: what each minor added)
 
@@ -77,6 +79,17 @@ def parse_device(device: str) -> tuple[str, int]:
 def device_name(device: str) -> str:
   """The name part of a canonical device string ("CUDA:1" → "CUDA"): what a component hook compares against."""
   return parse_device(device)[0]
+
+
+def for_device(*names: str) -> Callable[[Callable[..., T]], Callable[..., T | None]]:
+  """A component hook's decorator, under `@hookimpl`: the hook answers None (not mine) for a device whose name is not
+  one of `names`, so its body runs only for the plugin's own devices. pluggy still sees the hook's own argument names."""
+  wanted = frozenset(n.upper() for n in names)
+  def wrap(fn: Callable[..., T]) -> Callable[..., T | None]:
+    @functools.wraps(fn)
+    def hook(device: str, *args: Any) -> T | None: return fn(device, *args) if device_name(device) in wanted else None
+    return hook
+  return wrap
 
 
 # ---- the hooks (pluggy reads the names and argument names; the bodies are never run)

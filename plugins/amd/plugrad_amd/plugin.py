@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrad.backend import DeviceSpec, device_name, hookimpl, parse_device
+from plugrad.backend import DeviceSpec, for_device, hookimpl, parse_device
 
 NAME = "AMD"
 
@@ -38,40 +38,40 @@ def arch(device: str) -> str:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 200: an available AMD GPU is the default device over the CPU (100)
-  return [DeviceSpec(NAME, api=(2, 2), priority=200, probe=probe,
+  return [DeviceSpec(NAME, api=(2, 5), priority=200, probe=probe,
                      description="HIP kernels compiled by clang + lld to AMDGPU code objects, run through HIP (libamdhip64)")]
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_renderer(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_amd.renderer import HIPRenderer
   return HIPRenderer(device, arch(device))
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_compiler(device: str, renderer: Any) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_amd.compiler import AMDCompiler
   return AMDCompiler(getattr(renderer, "arch", None) or arch(device))
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_allocator(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_amd.allocator import HIPAllocator
   return HIPAllocator(device, parse_device(device)[1])
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_runtime(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_amd.runtime import AMDRuntime
   return AMDRuntime(device, parse_device(device)[1])
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_graph(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_amd.graph import HIPGraph
   return HIPGraph

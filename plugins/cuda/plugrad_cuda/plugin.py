@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from plugrad.backend import DeviceSpec, device_name, hookimpl, parse_device
+from plugrad.backend import DeviceSpec, for_device, hookimpl, parse_device
 
 NAME = "CUDA"
 DEFAULT_ARCH = "sm_80"  # without CUDA_ARCH and without a GPU to ask: the oldest arch with the m16n8k16 tensor cores
@@ -37,40 +37,40 @@ def arch(device: str) -> str:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 200: an available NVIDIA GPU is the default device over the CPU (100)
-  return [DeviceSpec(NAME, api=(2, 2), priority=200, probe=probe, aliases=("NV",),
+  return [DeviceSpec(NAME, api=(2, 5), priority=200, probe=probe, aliases=("NV",),
                      description="CUDA C compiled by NVRTC + nvJitLink (pip wheels) to cubins, run through the CUDA driver API")]
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_renderer(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_cuda.renderer import CUDARenderer
   return CUDARenderer(device, arch(device))
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_compiler(device: str, renderer: Any) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_cuda.compiler import CUDACompiler
   return CUDACompiler(getattr(renderer, "arch", None) or arch(device))
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_allocator(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_cuda.allocator import CUDAAllocator
   return CUDAAllocator(device, parse_device(device)[1])
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_runtime(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_cuda.runtime import CUDARuntime
   return CUDARuntime(device, parse_device(device)[1])
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_graph(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_cuda.graph import CUDAGraph
   return CUDAGraph

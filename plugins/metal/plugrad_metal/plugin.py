@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from plugrad.backend import DeviceSpec, device_name, getenv, hookimpl, parse_device
+from plugrad.backend import DeviceSpec, for_device, getenv, hookimpl, parse_device
 
 NAME = "METAL"
 LANGUAGES = ("3.0", "3.1", "3.2")
@@ -57,20 +57,20 @@ def language() -> str:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 200: an available Apple GPU is the default device over the CPU (100)
-  return [DeviceSpec(NAME, api=(2, 2), priority=200, probe=probe, aliases=("MTL",),
+  return [DeviceSpec(NAME, api=(2, 5), priority=200, probe=probe, aliases=("MTL",),
                      description="Metal Shading Language kernels on Apple GPUs (pyobjc); off macOS rendered and syntax-checked only")]
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_renderer(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_metal.renderer import MetalRenderer
   return MetalRenderer(device, language())
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_compiler(device: str, renderer: Any) -> Any:
-  if device_name(device) != NAME: return None
   lang = getattr(renderer, "language", None) or language()
   if sys.platform == "darwin":  # Apple's compiler: the command-line tools', else the framework's (needs a Metal device)
     from plugrad_metal.compiler import MetalCompiler, xcrun_metal
@@ -80,21 +80,21 @@ def plugrad_compiler(device: str, renderer: Any) -> Any:
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_allocator(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_metal.allocator import MetalAllocator
   return MetalAllocator(device, parse_device(device)[1])
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_runtime(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_metal.runtime import MetalRuntime
   return MetalRuntime(device, parse_device(device)[1])
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_graph(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_metal.graph import MetalGraph
   return MetalGraph

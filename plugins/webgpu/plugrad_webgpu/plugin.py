@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrad.backend import DeviceSpec, device_name, hookimpl
+from plugrad.backend import DeviceSpec, for_device, hookimpl
 
 NAME = "WEBGPU"
 
@@ -17,7 +17,7 @@ def probe() -> str | None:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 50: below CPU (100) when both are installed; a real GPU adapter is still slower to reach than the host here
-  return [DeviceSpec(NAME, api=(2, 2), priority=50, probe=probe, aliases=("WGPU",),
+  return [DeviceSpec(NAME, api=(2, 5), priority=50, probe=probe, aliases=("WGPU",),
                      description="WGSL compute shaders through wgpu-native (any WebGPU adapter, Mesa's software rasterizer included)")]
 
 
@@ -28,16 +28,16 @@ def _gpu(device: str) -> Any:
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_renderer(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_webgpu.renderer import WGSLRenderer
   g = _gpu(device)
   return WGSLRenderer(device, g.limits, g.float16, g.adapter_name)
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_compiler(device: str) -> Any:
-  if device_name(device) != NAME: return None
   import wgpu
 
   from plugrad_webgpu.compiler import WGSLCompiler
@@ -46,22 +46,22 @@ def plugrad_compiler(device: str) -> Any:
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_allocator(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_webgpu.allocator import WebGPUAllocator
   return WebGPUAllocator(device, _gpu(device))
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_runtime(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_webgpu.runtime import WebGPURuntime
   return WebGPURuntime(device, _gpu(device))
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_graph(device: str) -> Any:
-  if device_name(device) != NAME: return None
   from plugrad_webgpu.graph import WebGPUGraph
   return WebGPUGraph
 
@@ -73,6 +73,6 @@ XFAILS = {
 
 
 @hookimpl
+@for_device(NAME)
 def plugrad_conformance_xfails(device: str) -> Any:
-  if device_name(device) != NAME: return None
   return dict(XFAILS)
