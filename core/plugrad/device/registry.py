@@ -18,6 +18,9 @@ import threading
 import warnings
 from typing import Any
 
+from plugrad.device.allocator import Allocator
+from plugrad.device.compiler import Compiler
+from plugrad.device.runtime import Runtime
 from plugrad.errors import (
   DeviceError,
   DeviceFallbackError,
@@ -30,6 +33,7 @@ from plugrad.errors import (
 from plugrad.helpers import DEBUG, SettingsError
 from plugrad.plugin.hookspecs import DeviceSpec, parse_device
 from plugrad.plugin.manager import DeviceEntry, DeviceFallbackWarning, PluginManager, PluginRecord, get_manager, reset_manager
+from plugrad.renderer.base import Renderer
 
 
 def format_device(name: str, index: int) -> str:
@@ -37,19 +41,8 @@ def format_device(name: str, index: int) -> str:
   return name if index == 0 else f"{name}:{index}"
 
 
-def _base_class(kind: str) -> type:
-  # imported on use: the component modules sit beside this one and some of their users import the registry
-  if kind == "renderer":
-    from plugrad.renderer.base import Renderer
-    return Renderer
-  if kind == "compiler":
-    from plugrad.device.compiler import Compiler
-    return Compiler
-  if kind == "allocator":
-    from plugrad.device.allocator import Allocator
-    return Allocator
-  from plugrad.device.runtime import Runtime
-  return Runtime
+# what each component hook must return (its hookspec's return type)
+_BASE_CLASS: dict[str, type] = {"renderer": Renderer, "compiler": Compiler, "allocator": Allocator, "runtime": Runtime}
 
 
 class CompiledDevice:
@@ -62,7 +55,7 @@ class CompiledDevice:
   def __repr__(self) -> str: return f"<CompiledDevice {self.name} from {self.plugin.label} (plugin {self.plugin.name!r})>"
 
   def _component(self, hook: str, kind: str, **kwargs: Any) -> Any:
-    base = _base_class(kind)
+    base = _BASE_CLASS[kind]
     def check(obj: Any) -> str | None:  # the manager skips a wrong result from a plugin that does not declare this device
       if isinstance(obj, base): return None
       return f"returned {type(obj).__module__}.{type(obj).__qualname__}, expected an instance of {base.__module__}.{base.__qualname__}"

@@ -14,7 +14,11 @@ from typing import Any, TypeVar
 
 import pluggy
 
+from plugrad.device.allocator import Allocator
+from plugrad.device.compiler import Compiler
+from plugrad.device.runtime import Runtime
 from plugrad.errors import InvalidDeviceStringError
+from plugrad.renderer.base import Renderer
 
 T = TypeVar("T")
 PROJECT_NAME = "plugrad"
@@ -101,30 +105,31 @@ def plugrad_devices() -> list[DeviceSpec]:  # type: ignore[empty-body]
 
 
 @hookspec(firstresult=True)
-def plugrad_renderer(device: str) -> Any:
+def plugrad_renderer(device: str) -> Renderer | None:
   """Return a new `plugrad.backend.Renderer` for the canonical `device` ("NAME" or "NAME:i"), or None if the
   device is not yours. The first non-None result wins (`@hookimpl(tryfirst=True)` overrides another plugin's)."""
 
 
 @hookspec(firstresult=True)
-def plugrad_compiler(device: str, renderer: Any) -> Any:
+def plugrad_compiler(device: str, renderer: Renderer) -> Compiler | None:
   """Return a new `plugrad.backend.Compiler` for `device`, whose sources come from `renderer`, or None."""
 
 
 @hookspec(firstresult=True)
-def plugrad_allocator(device: str) -> Any:
+def plugrad_allocator(device: str) -> Allocator | None:
   """Return a new `plugrad.backend.Allocator` for `device`, or None."""
 
 
 @hookspec(firstresult=True)
-def plugrad_runtime(device: str) -> Any:
+def plugrad_runtime(device: str) -> Runtime | None:
   """Return a new `plugrad.backend.Runtime` for `device` (loads PROGRAM binaries, synchronizes), or None."""
 
 
 @hookspec(firstresult=True)
-def plugrad_graph(device: str) -> Any:
+def plugrad_graph(device: str) -> type | None:
   """Return a GraphRunner subclass (a class, not an instance) that batches JIT-captured kernels on `device`, or None
-  when the device has no graph support (None from every plugin is allowed for this hook)."""
+  when the device has no graph support (None from every plugin is allowed for this hook). Typed `type`: GraphRunner
+  sits above the registry that loads these hooks; the JIT checks the subclass when it uses it."""
 
 
 @hookspec

@@ -9,16 +9,14 @@ a Metal device; they are written against Apple's documented API and have never r
 """
 from __future__ import annotations
 
-import platform
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from plugrad.backend import DeviceSpec, for_device, getenv, hookimpl, parse_device
+from plugrad.backend import DeviceSpec, for_device, hookimpl, parse_device
+from plugrad_metal.language import LANGUAGES, OFFLINE_LANGUAGE, language, macos_language
 
 NAME = "METAL"
-LANGUAGES = ("3.0", "3.1", "3.2")
-OFFLINE_LANGUAGE = "3.1"  # off macOS, without METAL_LANGUAGE: the version of macOS 14, the oldest with `bfloat`
 
 
 def _find_metal() -> Any:
@@ -39,19 +37,6 @@ def probe_with(system: str, importer: Callable[[], Any]) -> str | None:
 
 
 def probe() -> str | None: return probe_with(sys.platform, _find_metal)
-
-
-def macos_language(version: str) -> str:
-  """The newest MSL version a macOS release compiles (`platform.mac_ver()[0]`, e.g. "14.5"): 13 → 3.0, 14 → 3.1, 15+ → 3.2."""
-  try: major = int(version.split(".")[0])
-  except ValueError: return "3.0"
-  return "3.2" if major >= 15 else "3.1" if major == 14 else "3.0"
-
-
-def language() -> str:
-  """METAL_LANGUAGE, else the running macOS's version, else OFFLINE_LANGUAGE (a bad value is a SettingsError)."""
-  default = macos_language(platform.mac_ver()[0]) if sys.platform == "darwin" else OFFLINE_LANGUAGE
-  return str(getenv("METAL_LANGUAGE", default, choices=LANGUAGES))
 
 
 @hookimpl
@@ -98,3 +83,6 @@ def plugrad_runtime(device: str) -> Any:
 def plugrad_graph(device: str) -> Any:
   from plugrad_metal.graph import MetalGraph
   return MetalGraph
+
+
+__all__ = ["LANGUAGES", "NAME", "OFFLINE_LANGUAGE", "language", "macos_language", "probe", "probe_with"]

@@ -20,6 +20,7 @@ from plugrad.backend import CompileError, Dims, LaunchError, Runtime, UOp, c_ide
 from plugrad_metal.abi import Signature, signature
 from plugrad_metal.compiler import is_metallib, library_from_source
 from plugrad_metal.context import MetalContext, command_error, context, metal
+from plugrad_metal.language import language
 
 
 def size(dims: Dims) -> Any:
@@ -78,7 +79,6 @@ class MetalRuntime(Runtime):
       finally: os.unlink(f.name)
       if lib is None: raise CompileError(f"METAL could not load the metallib: {err.localizedDescription() if err is not None else 'unknown error'}")
     else:
-      from plugrad_metal.plugin import language
       lib = library_from_source(self.ctx.device, binary.decode(), language())  # MSL source (newLibraryWithSource path, or a syntax-checked binary)
     self._libraries[key] = lib
     return lib
