@@ -16,9 +16,10 @@ What is here, by the job it does:
   `vars`, `global_size`, `local_size`, `launch_dims`, `estimates`, `signature`, `external`), `ProgramError`, `Estimates`
 * kernels written outside plugrad: `new_program` (a PROGRAM from source or binary and a declared signature),
   `run_program` (runs one on Tensors; TinyJit captures it), `ProgramArgumentError`
-* rendering: `Renderer` (capability flags, `dtype_support`, `extra_matcher`), `CStyleRenderer` (the C family's dialect
-  hooks) and its `Ptr` (a rendered pointer: `render_atomic_add`'s argument), `linear_parts`, `use_analysis`, `define_of`,
-  `no_signed_wrap`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
+* rendering: `Renderer` (capability flags, `dtype_support`, `extra_matcher`, `extra_passes`), `CStyleRenderer` (the C
+  family's dialect hooks) and its `Ptr` (a rendered pointer: `render_atomic_add`'s argument), `linear_parts`,
+  `use_analysis`, `define_of`, `index_parts` and `and_gates` (a pointer's address parts and gates, for any renderer of
+  pointers), `no_signed_wrap`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
 * compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
 * memory: `Allocator`, `StagedAllocator` (host copies through pinned staging buffers), `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
@@ -49,7 +50,19 @@ from plugrad.errors import (
 )
 from plugrad.helpers import DEBUG, SettingsError, getenv, parse_setting, prod
 from plugrad.plugin.hookspecs import API_VERSION, DeviceSpec, device_name, for_device, hookimpl, parse_device
-from plugrad.renderer.base import CAPABILITIES, PURE, Dims3, Renderer, RendererError, define_of, linear_parts, no_signed_wrap, use_analysis
+from plugrad.renderer.base import (
+  CAPABILITIES,
+  PURE,
+  Dims3,
+  Renderer,
+  RendererError,
+  and_gates,
+  define_of,
+  index_parts,
+  linear_parts,
+  no_signed_wrap,
+  use_analysis,
+)
 from plugrad.renderer.cstyle import CStyleRenderer, Ptr, c_identifier, float32_repr
 from plugrad.renderer.tensor_cores import (
   AMD_MFMA_TENSOR_CORES,
@@ -77,6 +90,7 @@ __all__ = [
   "Estimates", "ProgramUOp", "new_program", "run_program",
   # rendering
   "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "Ptr", "c_identifier", "float32_repr", "define_of", "linear_parts", "use_analysis",
+  "index_parts", "and_gates",
   "no_signed_wrap",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   # compiling, memory, running, batching

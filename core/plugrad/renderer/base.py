@@ -148,6 +148,21 @@ def no_signed_wrap(u: UOp) -> bool:
   return dtypes.min(d) <= lo and hi <= dtypes.max(d)
 
 
+def index_parts(who: str, u: UOp) -> tuple[UOp, UOp | None] | None:
+  """What a pointer uop adds to the address of its source: None for a CAST (the same address), else the INDEX's
+  (element index, gate or None). One address per pointer: a vector of addresses (which codegen/decompose.py splits
+  into lanes before rendering) is a RendererError naming `who`."""
+  if u.op is Ops.CAST: return None
+  if u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
+    raise RendererError(f"{who} cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
+  return u.src[1], (u.src[2] if len(u.src) == 3 else None)
+
+
+def and_gates(a: str | None, b: str | None, conj: Callable[[str, str], str]) -> str | None:
+  """Two optional gates (None: always) as one: `conj(a, b)` renders the conjunction when both are present."""
+  return b if a is None else a if b is None else conj(a, b)
+
+
 def define_of(u: UOp) -> UOp | None:
   """The DEFINE_* a pointer expression starts from, or None."""
   while u.op not in GroupOp.Defines and u.src: u = u.src[0]

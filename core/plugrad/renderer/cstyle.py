@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import PURE, Renderer, RendererError, linear_parts, use_analysis
+from plugrad.renderer.base import PURE, Renderer, RendererError, and_gates, index_parts, linear_parts, use_analysis
 from plugrad.uop.ops import GroupOp, Ops, UOp, round_bf16
 
 C_KEYWORDS = frozenset("auto break case char const continue default do double else enum extern float for goto if inline int long register "
@@ -443,19 +443,18 @@ class CStyleRenderer(Renderer):
 
   def _pointer(self, u: UOp) -> None:
     src = self.ptrs[u.src[0]]
-    if u.op is Ops.CAST: self.ptrs[u] = src
-    elif u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
-      raise RendererError(f"{type(self).__name__} cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
+    if (parts := index_parts(type(self).__name__, u)) is None:
+      self.ptrs[u] = src
+      return
+    idx, gate = parts[0], (None if parts[1] is None else self.r[parts[1]])
+    if src.var: self.ptrs[u] = Ptr(src.base if _size(u.src[0].dtype) == 1 else f"{src.base}_{idx.arg}", None, gate, src.elem, var=True)
     else:
-      idx, gate = u.src[1], (self.r[u.src[2]] if len(u.src) == 3 else None)
-      if src.var: self.ptrs[u] = Ptr(src.base if _size(u.src[0].dtype) == 1 else f"{src.base}_{idx.arg}", None, gate, src.elem, var=True)
+      g = and_gates(src.gate, gate, lambda a, b: f"({a}&&{b})")
+      if self.offset_addressing and u.src[0].dtype.base.count == 1 and src.idx is None and idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
+        self.ptrs[u] = Ptr(f"({src.base}+{self.r[idx.src[0]]})", self.r[idx.src[1]], g, src.elem)
       else:
-        g = gate if src.gate is None else src.gate if gate is None else f"({src.gate}&&{gate})"
-        if self.offset_addressing and u.src[0].dtype.base.count == 1 and src.idx is None and idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
-          self.ptrs[u] = Ptr(f"({src.base}+{self.r[idx.src[0]]})", self.r[idx.src[1]], g, src.elem)
-        else:
-          ix = self.r[idx] if (per := u.src[0].dtype.base.count) == 1 else f"({self.r[idx]}*{per})"
-          self.ptrs[u] = Ptr(src.base, ix if src.idx is None else f"({src.idx}+{ix})", g, src.elem)
+        ix = self.r[idx] if (per := u.src[0].dtype.base.count) == 1 else f"({self.r[idx]}*{per})"
+        self.ptrs[u] = Ptr(src.base, ix if src.idx is None else f"({src.idx}+{ix})", g, src.elem)
 
   def _address(self, p: Ptr, dt: DType, const: str = "") -> str:
     """The memory at `p` as a value of `dt` (a vector: the contiguous elements from there)."""

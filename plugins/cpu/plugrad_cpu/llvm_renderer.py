@@ -21,7 +21,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plugrad.backend import DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, c_identifier, dtypes, linear_parts, no_signed_wrap
+from plugrad.backend import (
+  DType,
+  GroupOp,
+  Ops,
+  PtrDType,
+  Renderer,
+  RendererError,
+  UOp,
+  and_gates,
+  c_identifier,
+  dtypes,
+  index_parts,
+  linear_parts,
+  no_signed_wrap,
+)
 from plugrad_cpu.llvm_compiler import QUICK_MARK
 from plugrad_cpu.renderer import PARALLEL_MARK, CPUMath, cpu_order
 
@@ -476,18 +490,16 @@ exit:
   # ---- memory
   def pointer(self, u: UOp) -> None:
     src = self.ptrs[u.src[0]]
-    if u.op is Ops.CAST: self.ptrs[u] = src
-    elif u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
-      raise RendererError(f"LLVMRenderer cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
-    else:
-      idx, gate = u.src[1], (self.v[u.src[2]] if len(u.src) == 3 else None)
-      ix = self.v[idx]
-      if idx.dtype.itemsize < 8 and not _is_const(ix):
-        ix = self.emit(f"{'zext' if dtypes.is_unsigned(idx.dtype) else 'sext'} {ltype(idx.dtype)} {ix} to i64")
-      if (per := u.src[0].dtype.base.count) != 1: ix = str(int(ix) * per) if _is_const(ix) else self.emit(f"mul i64 {ix}, {per}")
-      if src.idx is not None: ix = self.emit(f"add i64 {src.idx}, {ix}")
-      g = gate if src.gate is None else src.gate if gate is None else self.emit(f"and i1 {src.gate}, {gate}")
-      self.ptrs[u] = Ptr(src.base, ix, g, src.elem)
+    if (parts := index_parts("LLVMRenderer", u)) is None:
+      self.ptrs[u] = src
+      return
+    idx, gate = parts[0], (None if parts[1] is None else self.v[parts[1]])
+    ix = self.v[idx]
+    if idx.dtype.itemsize < 8 and not _is_const(ix):
+      ix = self.emit(f"{'zext' if dtypes.is_unsigned(idx.dtype) else 'sext'} {ltype(idx.dtype)} {ix} to i64")
+    if (per := u.src[0].dtype.base.count) != 1: ix = str(int(ix) * per) if _is_const(ix) else self.emit(f"mul i64 {ix}, {per}")
+    if src.idx is not None: ix = self.emit(f"add i64 {src.idx}, {ix}")
+    self.ptrs[u] = Ptr(src.base, ix, and_gates(src.gate, gate, lambda a, b: self.emit(f"and i1 {a}, {b}")), src.elem)
 
   def address(self, p: Ptr) -> str:
     return p.base if p.idx is None else self.emit(f"getelementptr inbounds {memory_type(p.elem)}, ptr {p.base}, i64 {p.idx}")

@@ -25,7 +25,22 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from plugrad.backend import PURE, DType, GroupOp, Ops, PtrDType, Renderer, RendererError, UOp, define_of, dtypes, linear_parts, use_analysis
+from plugrad.backend import (
+  PURE,
+  DType,
+  GroupOp,
+  Ops,
+  PtrDType,
+  Renderer,
+  RendererError,
+  UOp,
+  and_gates,
+  define_of,
+  dtypes,
+  index_parts,
+  linear_parts,
+  use_analysis,
+)
 from plugrad_webgpu.context import Limits
 from plugrad_webgpu.wgsl import DEPENDS, HELPERS, PACKED, UNSUPPORTED, bits_of, identifier, literal, scalar_type, vector_type
 
@@ -355,14 +370,12 @@ class _Kernel:
   # ---- memory
   def _pointer(self, u: UOp) -> None:
     src = self.ptrs[u.src[0]]
-    if u.op is Ops.CAST: self.ptrs[u] = src
-    elif u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
-      raise RendererError(f"WEBGPU cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
-    else:
-      ix, gate = self.r[u.src[1]], (self.r[u.src[2]] if len(u.src) == 3 else None)
-      if (per := u.src[0].dtype.base.count) != 1: ix = f"({ix} * {per})"
-      g = gate if src.gate is None else src.gate if gate is None else f"({src.gate} && {gate})"
-      self.ptrs[u] = Ptr(src.mem, ix if not src.idx else f"({src.idx} + {ix})", g)
+    if (parts := index_parts("WEBGPU", u)) is None:
+      self.ptrs[u] = src
+      return
+    ix, gate = self.r[parts[0]], (None if parts[1] is None else self.r[parts[1]])
+    if (per := u.src[0].dtype.base.count) != 1: ix = f"({ix} * {per})"
+    self.ptrs[u] = Ptr(src.mem, ix if not src.idx else f"({src.idx} + {ix})", and_gates(src.gate, gate, lambda a, b: f"({a} && {b})"))
 
   def _read(self, mem: Mem, idx: str) -> str:
     if mem.atomic and not mem.packed: return self._from_word(f"atomicLoad(&{mem.name}[{idx}])", mem.dtype)
