@@ -24,7 +24,7 @@ What is here, by the job it does:
 * memory: `Allocator`, `StagedAllocator` (host copies through pinned staging buffers), `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
 * batching: `GraphRunner`, `GraphKernel`, `GraphError`; for graphs of kernel nodes `GraphPlan`, `GraphLaunch`,
-  `GraphTopology`, `graph_topology`
+  `GraphTopology`, `graph_topology`, and `DriverGraphRunner` (a driver graph built once, patched per replay: CUDA, HIP)
 * helpers a backend reads: `DEBUG`, `getenv`, `prod`, `Device`
 * settings: `getenv` (typed and checked: `choices`, `minimum`, `maximum`), `parse_setting` (the same for a given
   environment mapping), `SettingsError` (a bad value, naming the variable)
@@ -35,7 +35,7 @@ from plugrad.device.allocator import Allocator, BufferSpec, StagedAllocator
 from plugrad.device.buffer import Buffer
 from plugrad.device.compiler import Compiler
 from plugrad.device.custom import new_program, run_program
-from plugrad.device.graph import GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology, graph_topology
+from plugrad.device.graph import DriverGraphRunner, GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology, graph_topology
 from plugrad.device.registry import Device
 from plugrad.device.runtime import Dims, Runtime
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
@@ -95,7 +95,7 @@ __all__ = [
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   # compiling, memory, running, batching
   "Compiler", "Allocator", "StagedAllocator", "BufferSpec", "Buffer", "Dims", "Runtime",
-  "GraphKernel", "GraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",
+  "GraphKernel", "GraphRunner", "DriverGraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",
   "graph_topology",
   # helpers
   "DEBUG", "Device", "getenv", "prod",

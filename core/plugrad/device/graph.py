@@ -143,6 +143,70 @@ class GraphPlan:
   def topology(self, launches: Sequence[GraphLaunch]) -> GraphTopology: return graph_topology(self.runner.deps, launches)
 
 
+class DriverGraphRunner(GraphRunner):
+  """A batch replayed as one driver graph of kernel nodes (CUDA graphs, HIP graphs): built from the plan's topology and
+  instantiated once; a replay with other buffers or variable values patches only the nodes whose launch changed, and
+  the graph is built again only when its topology changes (a symbolic launch of size 0 drops its node). A backend sets
+  `program_type` (what each kernel's runner must hold) and implements the driver's calls below; `self.progs` holds the
+  kernels' programs, `self.nodes` the node handles by kernel index."""
+  program_type: type = object
+  backend: str = "a driver graph"
+
+  def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
+    super().__init__(kernels, slots, var_names)
+    self.progs: list[Any] = []
+    for k in self.kernels:
+      if not isinstance(k.runner.lib, self.program_type):
+        raise GraphError(f"kernel {k.runner.name!r} is not a {self.backend} program ({type(k.runner.lib).__name__})")
+      self.progs.append(k.runner.lib)
+    self.plan = GraphPlan(self)
+    self.nodes: dict[int, Any] = {}
+    self.topo: GraphTopology | None = None
+    self.last: list[GraphLaunch] = []
+    self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
+
+  # ---- the driver's calls
+  def _activate(self) -> None:
+    """Make the device's context current (default: nothing to do)."""
+  def _create(self) -> None: raise NotImplementedError(f"{type(self).__name__} must implement _create() (an empty graph)")
+  def _add_node(self, j: int, deps: list[Any], launch: GraphLaunch) -> Any:
+    """Add kernel j's node, depending on the nodes `deps`, launched as `launch`; returns its handle."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _add_node(j, deps, launch)")
+  def _instantiate(self) -> None: raise NotImplementedError(f"{type(self).__name__} must implement _instantiate()")
+  def _set_node(self, j: int, node: Any, launch: GraphLaunch) -> None:
+    """Patch the instantiated graph's node of kernel j to launch as `launch`."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _set_node(j, node, launch)")
+  def _launch(self, wait: bool) -> float | None:
+    """Launch the instantiated graph; with `wait`, wait for it and return its device time in seconds."""
+    raise NotImplementedError(f"{type(self).__name__} must implement _launch(wait)")
+  def _destroy(self) -> None:
+    """Destroy the graph and its instance, if any (also called before the first build)."""
+
+  # ---- built once, patched per replay
+  def _build(self, topo: GraphTopology, launches: Sequence[GraphLaunch]) -> None:
+    self._destroy()
+    self._create()
+    self.nodes = {}
+    for j, deps in topo: self.nodes[j] = self._add_node(j, [self.nodes[d] for d in deps], launches[j])
+    self._instantiate()
+    self.topo, self.rebuilds = topo, self.rebuilds + 1
+
+  def __del__(self) -> None:
+    try: self._destroy()
+    except Exception: pass  # interpreter shutdown: the driver may be gone
+
+  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+    launches = self.plan.launches(slots, var_vals)
+    topo = self.plan.topology(launches)
+    self._activate()
+    if topo != self.topo: self._build(topo, launches)
+    else:
+      for j, _ in topo:
+        if launches[j] != self.last[j]: self._set_node(j, self.nodes[j], launches[j])
+    self.last = launches
+    return self._launch(wait)
+
+
 def check_graph_class(cls: Any, device: str) -> type[GraphRunner]:
   """`cls` if it is a GraphRunner subclass, else a PluginHookError naming it."""
   from plugrad.errors import PluginHookError

@@ -10,8 +10,8 @@ cannot launch), so the set of nodes differs.
 Each node carries its arguments as a packed kernarg buffer (`extra` = HIP_LAUNCH_PARAM_BUFFER_POINTER ..., the same
 `Kernargs` the direct launch uses), one per node, kept alive by the runner and updated in place.
 
-The graph-building logic is pure Python (the core's `GraphPlan`, `GraphLaunch`, `graph_topology`, `node_params`), separate from the HIP
-calls (`HIPGraph`), so it is tested without a driver (plugins/amd/tests). Edges: the GraphRunner base's `deps` (read after
+Building once and patching per replay is the core's `DriverGraphRunner` (with `GraphPlan`, `GraphLaunch`,
+`graph_topology`); `HIPGraph` makes the HIP calls, so the logic is tested without a driver (plugins/amd/tests). Edges: the GraphRunner base's `deps` (read after
 write, write after read, write after write).
 
 UNVERIFIED (no AMD GPU on this project's machines): the HIP half has never run against HIP; plugins/amd/tests drives
@@ -23,7 +23,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from plugrad.backend import Buffer, GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology
+from plugrad.backend import Buffer, DriverGraphRunner, GraphKernel, GraphLaunch
 from plugrad_amd.hip import check
 from plugrad_amd.runtime import AMDProgram, Kernargs
 
@@ -47,60 +47,40 @@ def node_params(fn: Any, launch: GraphLaunch, args: Kernargs) -> KernelNodeParam
                           Dim3(*launch.grid), None, 0)
 
 
-class HIPGraph(GraphRunner):
+class HIPGraph(DriverGraphRunner):
+  program_type, backend = AMDProgram, "AMD"
+
   def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
     super().__init__(kernels, slots, var_names)
-    self.progs: list[AMDProgram] = []
-    for k in self.kernels:
-      if not isinstance(k.runner.lib, AMDProgram):
-        raise GraphError(f"kernel {k.runner.name!r} is not an AMD program ({type(k.runner.lib).__name__})")
-      self.progs.append(k.runner.lib)
     self.rt = self.progs[0].runtime
     self.ctx, self.lib = self.rt.ctx, self.rt.ctx.lib
-    self.plan = GraphPlan(self)
     self.args = [Kernargs(p.nbufs, p.var_sizes) for p in self.progs]  # one per node: a node keeps pointing at its buffer
     self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
-    self.nodes: dict[int, ctypes.c_void_p] = {}
-    self.topo: GraphTopology | None = None
-    self.last: list[GraphLaunch] = []
-    self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
 
-  def _build(self, topo: GraphTopology, launches: Sequence[GraphLaunch]) -> None:
-    lib = self.lib
-    self._destroy()
-    check(lib, lib.hipGraphCreate(ctypes.byref(self.graph), 0), "hipGraphCreate")
-    self.nodes = {}
-    for j, deps in topo:
-      node = ctypes.c_void_p()
-      dep_arr = (ctypes.c_void_p * max(len(deps), 1))(*[self.nodes[d] for d in deps])
-      p = node_params(self.progs[j].fn, launches[j], self.args[j])
-      check(lib, lib.hipGraphAddKernelNode(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)), ctypes.byref(p)),
-            f"hipGraphAddKernelNode({self.progs[j].name!r})")
-      self.nodes[j] = node
-    check(lib, lib.hipGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)), "hipGraphInstantiateWithFlags")
-    self.topo, self.rebuilds = topo, self.rebuilds + 1
+  def _activate(self) -> None: self.ctx.activate()
+  def _create(self) -> None: check(self.lib, self.lib.hipGraphCreate(ctypes.byref(self.graph), 0), "hipGraphCreate")
 
-  def _destroy(self) -> None:
-    if self.exec.value: self.lib.hipGraphExecDestroy(self.exec)
-    if self.graph.value: self.lib.hipGraphDestroy(self.graph)
-    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+  def _add_node(self, j: int, deps: list[Any], launch: GraphLaunch) -> Any:
+    node, dep_arr = ctypes.c_void_p(), (ctypes.c_void_p * max(len(deps), 1))(*deps)
+    p = node_params(self.progs[j].fn, launch, self.args[j])
+    check(self.lib, self.lib.hipGraphAddKernelNode(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)),
+                                                   ctypes.byref(p)), f"hipGraphAddKernelNode({self.progs[j].name!r})")
+    return node
 
-  def __del__(self) -> None:
-    try: self._destroy()
-    except Exception: pass  # interpreter shutdown: the runtime may be gone
+  def _instantiate(self) -> None:
+    check(self.lib, self.lib.hipGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)), "hipGraphInstantiateWithFlags")
 
-  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
-    launches = self.plan.launches(slots, var_vals)
-    topo = self.plan.topology(launches)
-    self.ctx.activate()
-    if topo != self.topo: self._build(topo, launches)
-    else:
-      for j, _ in topo:
-        if launches[j] != self.last[j]:
-          p = node_params(self.progs[j].fn, launches[j], self.args[j])
-          check(self.lib, self.lib.hipGraphExecKernelNodeSetParams(self.exec, self.nodes[j], ctypes.byref(p)),
-                f"hipGraphExecKernelNodeSetParams({self.progs[j].name!r})")
-    self.last = launches
+  def _set_node(self, j: int, node: Any, launch: GraphLaunch) -> None:
+    p = node_params(self.progs[j].fn, launch, self.args[j])
+    check(self.lib, self.lib.hipGraphExecKernelNodeSetParams(self.exec, node, ctypes.byref(p)),
+          f"hipGraphExecKernelNodeSetParams({self.progs[j].name!r})")
+
+  def _launch(self, wait: bool) -> float | None:
     if wait: check(self.lib, self.lib.hipEventRecord(self.rt.events[0], self.ctx.stream), "hipEventRecord")
     check(self.lib, self.lib.hipGraphLaunch(self.exec, self.ctx.stream), "hipGraphLaunch")
     return self.rt.elapsed() if wait else None
+
+  def _destroy(self) -> None:
+    if getattr(self, "exec", None) and self.exec.value: self.lib.hipGraphExecDestroy(self.exec)
+    if getattr(self, "graph", None) and self.graph.value: self.lib.hipGraphDestroy(self.graph)
+    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()

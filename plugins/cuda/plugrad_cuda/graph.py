@@ -6,8 +6,8 @@ or launch dims changed (`cuGraphExecKernelNodeSetParams`) in the instantiated gr
 instantiated again only when its topology changes: a symbolic launch size of 0 removes that launch (CUDA cannot
 launch an empty grid), so the set of nodes differs.
 
-The graph-building logic is pure Python (the core's `GraphPlan`, `GraphLaunch`, `graph_topology`), separate from the driver calls
-(`CUDAGraph`), so that it is unit-tested without a GPU. Edges: the GraphRunner base's `deps` (read after write, write
+Building once and patching per replay is the core's `DriverGraphRunner` (with `GraphPlan`, `GraphLaunch`,
+`graph_topology`); `CUDAGraph` makes the driver calls, so the logic is unit-tested without a GPU. Edges: the GraphRunner base's `deps` (read after write, write
 after read, write after write).
 
 UNVERIFIED HERE (no GPU on the development machine): the driver half runs only on a GPU machine
@@ -19,7 +19,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from plugrad.backend import Buffer, GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology
+from plugrad.backend import Buffer, DriverGraphRunner, GraphKernel, GraphLaunch
 from plugrad_cuda.driver import check
 from plugrad_cuda.runtime import CUDAProgram, Params
 
@@ -41,60 +41,40 @@ def node_params(fn: Any, launch: GraphLaunch, params: Params, shared: int = 0) -
                           ctypes.cast(params.array, ctypes.c_void_p).value, None, None, None)
 
 
-class CUDAGraph(GraphRunner):
+class CUDAGraph(DriverGraphRunner):
+  program_type, backend = CUDAProgram, "CUDA"
+
   def __init__(self, kernels: Sequence[GraphKernel], slots: Sequence[Buffer], var_names: Sequence[str]):
     super().__init__(kernels, slots, var_names)
-    self.progs: list[CUDAProgram] = []
-    for k in self.kernels:
-      if not isinstance(k.runner.lib, CUDAProgram):
-        raise GraphError(f"kernel {k.runner.name!r} is not a CUDA program ({type(k.runner.lib).__name__})")
-      self.progs.append(k.runner.lib)
     self.rt = self.progs[0].runtime
     self.ctx, self.lib = self.rt.ctx, self.rt.ctx.lib
-    self.plan = GraphPlan(self)
     self.params = [p.new_params() for p in self.progs]
     self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
-    self.nodes: dict[int, ctypes.c_void_p] = {}
-    self.topo: GraphTopology | None = None
-    self.last: list[GraphLaunch] = []
-    self.rebuilds = 0  # how often the graph was instantiated (1 unless the topology changed)
 
-  def _build(self, topo: GraphTopology, launches: Sequence[GraphLaunch]) -> None:
-    lib = self.lib
-    self._destroy()
-    check(lib, lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
-    self.nodes = {}
-    for j, deps in topo:
-      node = ctypes.c_void_p()
-      dep_arr = (ctypes.c_void_p * max(len(deps), 1))(*[self.nodes[d] for d in deps])
-      p = node_params(self.progs[j].fn, launches[j], self.params[j], self.progs[j].shared)
-      check(lib, lib.cuGraphAddKernelNode_v2(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)), ctypes.byref(p)),
-            f"cuGraphAddKernelNode({self.progs[j].name!r})")
-      self.nodes[j] = node
-    check(lib, lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)), "cuGraphInstantiateWithFlags")
-    self.topo, self.rebuilds = topo, self.rebuilds + 1
+  def _activate(self) -> None: self.ctx.activate()
+  def _create(self) -> None: check(self.lib, self.lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
 
-  def _destroy(self) -> None:
-    if self.exec.value: self.lib.cuGraphExecDestroy(self.exec)
-    if self.graph.value: self.lib.cuGraphDestroy(self.graph)
-    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+  def _add_node(self, j: int, deps: list[Any], launch: GraphLaunch) -> Any:
+    node, dep_arr = ctypes.c_void_p(), (ctypes.c_void_p * max(len(deps), 1))(*deps)
+    p = node_params(self.progs[j].fn, launch, self.params[j], self.progs[j].shared)
+    check(self.lib, self.lib.cuGraphAddKernelNode_v2(ctypes.byref(node), self.graph, dep_arr if deps else None, ctypes.c_size_t(len(deps)),
+                                                     ctypes.byref(p)), f"cuGraphAddKernelNode({self.progs[j].name!r})")
+    return node
 
-  def __del__(self) -> None:
-    try: self._destroy()
-    except Exception: pass  # interpreter shutdown: the driver may be gone
+  def _instantiate(self) -> None:
+    check(self.lib, self.lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)), "cuGraphInstantiateWithFlags")
 
-  def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
-    launches = self.plan.launches(slots, var_vals)
-    topo = self.plan.topology(launches)
-    self.ctx.activate()
-    if topo != self.topo: self._build(topo, launches)
-    else:
-      for j, _ in topo:
-        if launches[j] != self.last[j]:
-          p = node_params(self.progs[j].fn, launches[j], self.params[j], self.progs[j].shared)
-          check(self.lib, self.lib.cuGraphExecKernelNodeSetParams_v2(self.exec, self.nodes[j], ctypes.byref(p)),
-                f"cuGraphExecKernelNodeSetParams({self.progs[j].name!r})")
-    self.last = launches
+  def _set_node(self, j: int, node: Any, launch: GraphLaunch) -> None:
+    p = node_params(self.progs[j].fn, launch, self.params[j], self.progs[j].shared)
+    check(self.lib, self.lib.cuGraphExecKernelNodeSetParams_v2(self.exec, node, ctypes.byref(p)),
+          f"cuGraphExecKernelNodeSetParams({self.progs[j].name!r})")
+
+  def _launch(self, wait: bool) -> float | None:
     if wait: check(self.lib, self.lib.cuEventRecord(self.rt.events[0], self.ctx.stream), "cuEventRecord")
     check(self.lib, self.lib.cuGraphLaunch(self.exec, self.ctx.stream), "cuGraphLaunch")
     return self.rt.elapsed() if wait else None
+
+  def _destroy(self) -> None:
+    if getattr(self, "exec", None) and self.exec.value: self.lib.cuGraphExecDestroy(self.exec)
+    if getattr(self, "graph", None) and self.graph.value: self.lib.cuGraphDestroy(self.graph)
+    self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
