@@ -64,3 +64,17 @@ class LaunchError(DeviceError):
 
 class UnsupportedDTypeError(DeviceError, TypeError):
   """A dtype the device cannot hold or compute in (its renderer's `dtype_support` said why)."""
+
+
+class ShardingError(DeviceError, ValueError):
+  """A multi-device (sharded or replicated) tensor used in a way plugrad cannot place: the base of the errors below, and
+  what an operation that has no multi-device form raises (a precompiled kernel given a sharded tensor). docs/sharding.md."""
+
+
+class DeviceMismatchError(ShardingError):
+  """Operands on different devices or device tuples (`x.shard(("CPU:0", "CPU:1")) + y.to("CPU")`): the message names both."""
+
+
+class ShardAxisError(ShardingError, IndexError):
+  """`shard(devices, axis)` with an axis out of range for the tensor's shape, or with a symbolic size along it."""
+

@@ -159,6 +159,28 @@ def _sin_grad(ret: UOp, g: UOp) -> Grads:
   return (g.alu(Ops.MUL, cos if w is x else cos.cast(x.dtype)),)
 
 
+def _copy_back(x: UOp, g: UOp) -> UOp:
+  """The gradient of a COPY, moved back to where its source `x` lies: laid out like `x` when that is several devices."""
+  dev, axis = x.tensor_device, None
+  if isinstance(dev, tuple):
+    from plugrad.engine.multi import layout
+    dev, axis = layout(x) or (dev, None)
+  return UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), dev)), axis)
+
+
+def _multi_grad(r: UOp, g: UOp) -> Grads:
+  """MULTI(*pieces): a sharded piece's gradient is its rows of `g`, on the piece's device. Replicated pieces are one
+  value held n times, so `g` goes to the first only (giving it to each would count it n times where they share a source)."""
+  def on(x: UOp, p: UOp) -> UOp: return UOp(Ops.COPY, g.dtype, (x, UOp(Ops.DEVICE, dtypes.void, (), p.tensor_device)))
+  if r.arg is None: return (on(g, r.src[0]), *(None for _ in r.src[1:]))
+  out, lo = [], 0
+  for p in r.src:
+    n = _shape(p)[r.arg]
+    out.append(on(g.shrink(tuple((lo, lo + n) if d == r.arg else (0, s) for d, s in enumerate(_shape(g)))), p))
+    lo += n
+  return tuple(out)
+
+
 def _shape(u: UOp) -> tuple:
   assert u.shape is not None
   return u.shape
@@ -194,7 +216,8 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
   Ops.SCATTER: _scatter_grad,
   Ops.CONTIGUOUS: lambda r, g: (g,),
   Ops.DETACH: lambda r, g: (None,),
-  Ops.COPY: lambda r, g: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), r.src[0].tensor_device))), None),
+  Ops.COPY: lambda r, g: (_copy_back(r.src[0], g), None),
+  Ops.MULTI: lambda r, g: _multi_grad(r, g),
   Ops.ASSIGN: lambda r, g: (None, g),  # the result holds the assigned value
 }
 # ops whose results are not differentiable (integers, bools, random bits): the walk stops there

@@ -981,7 +981,8 @@ _RANDOM = "random streams differ from PyTorch's by design (docs/tensor.md: same 
 EXCLUDED = {
   "TinyJit": "not a Tensor op (tests/engine/test_jit.py)", "Variable": "not a Tensor op (tests/tensor/test_symbolic_shapes.py)",
   "axis": "a word in the API's prose", "sequential": "composes other ops (tests/tensor/test_sequential.py)",
-  "shard": "multi-device tensors are not built yet (issue 36)", "shrink": "a movement op checked by the conformance suite and the fuzzer",
+  "shard": "multi-device tensors have no PyTorch counterpart; tests/tensor/test_shard.py compares them with one device",
+  "shrink": "a movement op checked by the conformance suite and the fuzzer",
   "t": "a word in the API's prose",
   **dict.fromkeys(["rand", "randn", "randint", "uniform", "normal", "scaled_uniform", "glorot_uniform", "kaiming_uniform", "kaiming_normal",
                    "manual_seed"], _RANDOM),

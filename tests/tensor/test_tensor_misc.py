@@ -117,7 +117,7 @@ API = ("empty zeros zeros_like ones ones_like full full_like arange linspace eye
        "isfinite isclose logical_not bitwise_not bitwise_and bitwise_or bitwise_xor lshift rshift logaddexp sum prod max min mean var std std_mean "
        "var_mean argmax argmin any all logsumexp reshape view permute transpose expand pad flip flatten unflatten squeeze unsqueeze cat stack split "
        "chunk repeat repeat_interleave roll shrink matmul dot backward gradient square reciprocal eq ne rand_like randn_like empty_like "
-       "__init__").split()
+       "shard shard_ __init__").split()
 # The parameters we add (device=, requires_grad=) are keyword parameters with defaults after tinygrad's, so tinygrad calls still work.
 ADDED = {"empty": ["requires_grad"], "full": ["requires_grad"], "full_like": ["requires_grad"], "arange": ["device", "requires_grad"],
          "linspace": ["device", "requires_grad"], "eye": ["device", "requires_grad"], "rand": ["requires_grad"], "randn": ["requires_grad"],

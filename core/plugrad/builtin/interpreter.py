@@ -677,6 +677,9 @@ class PythonAllocator(Allocator[np.ndarray]):
     if out.nbytes != handle.size: raise ValueError(f"{self.device}: copyout of a buffer of {handle.size} bytes into {out.nbytes}")
     out[:] = handle.data
 
+  def _transfer(self, dest: np.ndarray, src: np.ndarray, nbytes: int, src_dev: Allocator, dest_dev: Allocator) -> None:
+    dest[:nbytes] = src[:nbytes]  # between PYTHON instances (PYTHON:1, ...): host memory on both ends
+
   def _offset(self, handle: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
     if offset < 0 or nbytes < 0 or offset + nbytes > handle.size:
       raise ValueError(f"{self.device}: a view of {nbytes} bytes at offset {offset} does not fit a buffer of {handle.size} bytes")

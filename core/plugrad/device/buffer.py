@@ -170,15 +170,22 @@ class Buffer:
     return Buffer(device, arr.size, dtypes.from_numpy(arr.dtype), initial_value=arr.data.cast("B"), allocator=allocator)
 
   def copy_to(self, device: str, *, allocator: Allocator | None = None) -> Buffer:
-    """A new buffer on `device` with this buffer's contents: a direct device transfer when both ends share an allocator
-    class that implements `_transfer`, else through host memory."""
+    """A new buffer on `device` with this buffer's contents (see `copy_from`)."""
     if not self.is_allocated(): raise ValueError(f"copy_to from {self!r}: it was never allocated, so it holds no data")
-    dest = Buffer(device, self.size, self.dtype, allocator=allocator).allocate()
-    src_a, dest_a = self.allocator, dest.allocator
-    if type(src_a) is type(dest_a) and dest_a.supports_transfer:
-      if self.nbytes: dest_a._transfer(dest.handle, self.handle, self.nbytes, src_a, dest_a)
-    else: dest.copyin(self.as_buffer())
-    return dest
+    return Buffer(device, self.size, self.dtype, allocator=allocator).allocate().copy_from(self)
+
+  def copy_from(self, src: Buffer) -> Buffer:
+    """Copy `src` (the same byte size) into this buffer, allocating it if needed: a direct device transfer when both
+    ends share an allocator class that implements `_transfer` (instances of one device: CUDA:0 → CUDA:1, CPU → CPU:1),
+    else through host memory (the engine's COPY)."""
+    if src.nbytes != self.nbytes: raise ValueError(f"copy_from: {src!r} holds {src.nbytes} bytes, {self!r} {self.nbytes}")
+    self.ensure_allocated()
+    if not self.nbytes: return self  # nothing to copy (an empty source may never have been allocated)
+    src_a, dest_a = src.allocator, self.allocator
+    if type(src_a) is type(dest_a) and dest_a.supports_transfer and src.is_allocated():
+      dest_a._transfer(self.handle, src.handle, self.nbytes, src_a, dest_a)
+    else: self.copyin(src.as_buffer())
+    return self
 
 
 def _resolve(device: str, allocator: Allocator | None) -> tuple[str, Any]:

@@ -38,6 +38,7 @@ from plugrad.device.graph import GraphError, GraphKernel, GraphRunner, check_gra
 from plugrad.device.registry import Device
 from plugrad.engine.buffers import buffer_like, buffer_of
 from plugrad.engine.memory import MemoryPlan, plan_memory
+from plugrad.engine.multi import multi
 from plugrad.engine.realize import ENGINE_LOCK, ExecItem, capture
 from plugrad.helpers import DEBUG, ContextVar
 from plugrad.uop.ops import Ops, UOp
@@ -74,6 +75,10 @@ def _base_buffer(u: UOp) -> UOp | None:
   """The BUFFER under a chain of movement ops, or None when `u` is not a pure view of one buffer."""
   while u.op in _VIEW_OPS: u = u.src[0]
   return u if u.op is Ops.BUFFER else None
+
+
+def _realized(u: UOp) -> bool:
+  return all(_base_buffer(p) is not None for p in u.src) if u.op is Ops.MULTI else _base_buffer(u) is not None
 
 
 def _placeholder(buf: UOp) -> UOp:
@@ -140,13 +145,14 @@ class _Call:
     self.others: list[tuple[str, Any]] = []
     for name, a in _flat_args(args, kwargs):
       if _is_tensor(a):
-        if (buf := _base_buffer(a.uop)) is None:
-          a.realize()
-          buf = _base_buffer(a.uop)
-        u = a.uop
-        assert buf is not None  # realize() leaves a buffer (reshaped)
-        if (template := _template(u, buf)).__class__ is not tuple: self._bound(u)
-        self.inputs.append((_InputSpec(name, template, u), buf))
+        if not _realized(a.uop): a.realize()
+        # a multi-device tensor is one input per device: each piece's buffer is swapped on replay
+        pieces = [(f"{name} (piece {i} on {p.tensor_device})", p) for i, p in enumerate(a.uop.src)] if a.uop.op is Ops.MULTI else [(name, a.uop)]
+        for pname, u in pieces:
+          buf = _base_buffer(u)
+          assert buf is not None  # realize() leaves a buffer (reshaped)
+          if (template := _template(u, buf)).__class__ is not tuple: self._bound(u)
+          self.inputs.append((_InputSpec(pname, template, u), buf))
       elif isinstance(a, UOp) and a.op is Ops.BIND: self._bound(a)
       else: self.others.append((name, a))
 
@@ -203,7 +209,7 @@ class _CopyStep:
 
   def __call__(self, slots: Sequence[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
     (dk, dest), (sk, src) = self.dest, self.src
-    (slots[dk] if dk is not None else dest).ensure_allocated().copyin((slots[sk] if sk is not None else src).as_buffer())
+    (slots[dk] if dk is not None else dest).copy_from(slots[sk] if sk is not None else src)
     return None
 
 
@@ -243,7 +249,7 @@ class CapturedJit:
   items: list[ExecItem]
   steps: list[Any]
   n_inputs: int
-  outputs: list[_Output]
+  outputs: list[_Output | _MultiOutput]
   fresh_outputs: list[UOp]  # the BUFFERs of the computed outputs at capture, in slot order (after the inputs)
   out_tree: Any
   memory: MemoryPlan
@@ -294,12 +300,25 @@ class _Output:
   binds: tuple[UOp, ...]
 
   def rebuild(self, slot_uops: list[UOp], var_vals: dict[str, int]) -> Any:
-    make = getattr(self.cls, "_wrap", self.cls)
-    if self.slot is None: return make(self.uop)
+    return getattr(self.cls, "_wrap", self.cls)(self.rebuilt(slot_uops, var_vals))
+
+  def rebuilt(self, slot_uops: list[UOp], var_vals: dict[str, int]) -> UOp:
+    if self.slot is None: return self.uop
     old, new = self.buffer, slot_uops[self.slot]
-    if self.binds: return make(_resub(self.uop, {old: new, **{b: b.src[0].bind(var_vals[b.src[0].arg[0]]) for b in self.binds}}))
-    if self.uop is old: return make(new)
-    return make(self.uop.replace(src=(new,)) if self.uop.src[0] is old else self.uop.substitute({old: new}))
+    if self.binds: return _resub(self.uop, {old: new, **{b: b.src[0].bind(var_vals[b.src[0].arg[0]]) for b in self.binds}})
+    if self.uop is old: return new
+    return self.uop.replace(src=(new,)) if self.uop.src[0] is old else self.uop.substitute({old: new})
+
+
+@dataclass
+class _MultiOutput:
+  """A returned multi-device tensor: one `_Output` per piece, put back together as a MULTI along `axis`."""
+  cls: type
+  pieces: list[_Output]
+  axis: int | None
+
+  def rebuild(self, slot_uops: list[UOp], var_vals: dict[str, int]) -> Any:
+    return getattr(self.cls, "_wrap", self.cls)(multi([p.rebuilt(slot_uops, var_vals) for p in self.pieces], self.axis))
 
 
 def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> CapturedJit:
@@ -313,26 +332,24 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
   # a result's autograd graph (kept so `loss.backward()` works after the call) holds the call's intermediates: the
   # planner could share none of them. Results of the capture and of replays are not differentiable outside the call.
   for t in outs: getattr(t, "_forget_origin", lambda: None)()
-  out_bufs = [_base_buffer(t.uop) for t in outs]
   fresh_uops = {u: ei.bufs[i] for ei in items for i, ref in ei.fresh if (u := ref()) is not None}
   # outputs computed by the call are swapped per replay; views of inputs or of state are returned as they are
   out_slots: dict[Buffer, int] = {}
   fresh_outputs: list[UOp] = []
-  outputs: list[_Output] = []
   in_uops = [b for _, b in call.inputs]
-  for t, b in zip(outs, out_bufs):
+  def output(cls: type, u: UOp) -> _Output:
+    b = _base_buffer(u)
     buf = fresh_uops.get(b) if b is not None else None
-    if b is not None and b in in_uops:  # an input (or a view of one) returned: this call's input
-      outputs.append(_Output(type(t), t.uop, in_uops.index(b), b, tuple(_binds(t.uop))))
-      continue
-    if b is None or buf is None:
-      outputs.append(_Output(type(t), t.uop, None, t.uop, ()))
-      continue
+    if b is not None and b in in_uops: return _Output(cls, u, in_uops.index(b), b, tuple(_binds(u)))  # an input (or a view of one)
+    if b is None or buf is None: return _Output(cls, u, None, u, ())
     if buf not in out_slots:
       out_slots[buf] = len(in_bufs) + len(out_slots)
       fresh_outputs.append(b)
-    outputs.append(_Output(type(t), t.uop, out_slots[buf], b, tuple(_binds(t.uop))))
-  del outs, out_bufs, fresh_uops
+    return _Output(cls, u, out_slots[buf], b, tuple(_binds(u)))
+  outputs: list[_Output | _MultiOutput] = [_MultiOutput(type(t), [output(type(t), p) for p in t.uop.src], t.uop.arg) if t.uop.op is Ops.MULTI
+                                           else output(type(t), t.uop) for t in outs]
+  del outs
+  fresh_uops.clear()  # (the dict is `output`'s closure cell: emptied, it holds no buffer through the collection below)
   gc.collect()
   # intermediates: created by the call, held by nobody now (a buffer someone still holds is state: it stays fixed)
   held = set(in_bufs) | set(out_slots)

@@ -60,7 +60,7 @@ class ExecItem:
   def run(self, var_vals: dict[str, int] | None = None, wait: bool = False) -> float | None:
     if self.runner is None:
       if (timed := DEBUG >= 2 or trace.TIMELINE): st = time.perf_counter()
-      self.bufs[0].ensure_allocated().copyin(self.bufs[1].as_buffer())
+      self.bufs[0].copy_from(self.bufs[1])
       if timed: _copy_timed(self, st)
       return None
     return self.runner(self.bufs, self.var_vals if var_vals is None else var_vals, wait=wait)

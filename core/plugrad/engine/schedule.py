@@ -29,6 +29,7 @@ from typing import Any
 
 from plugrad.codegen.lower import reduce_identity as _identity
 from plugrad.dtype import dtypes
+from plugrad.engine import multi
 from plugrad.engine.buffers import buffer_like, new_buffer
 from plugrad.helpers import DEBUG, ContextVar, prod, recursion_limit
 from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, sint
@@ -616,6 +617,7 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   if not targets: return [], {}
   for t in targets:
     if not isinstance(t, UOp) or t.shape is None: raise ScheduleError(f"create_schedule needs tensor-graph UOps with a shape, got {t!r:.80}")
+  if multi.has_multi(targets): return _schedule_multi(targets)
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   if not SCHEDULE_CACHE: return _create_schedule(sink)
   topo = list(sink.toposort)
@@ -631,6 +633,34 @@ def create_schedule(*targets: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
       _cache[key] = hit
       if len(_cache) > SCHEDULE_CACHE_SIZE: del _cache[next(iter(_cache))]
   return hit.instantiate(topo, leaves)
+
+
+def _schedule_multi(targets: tuple[UOp, ...]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+  """Targets with values on several devices: lowered to single-device graphs (engine/multi.py), whose pieces are
+  scheduled together; a lowered MULTI's replacement is the MULTI of its pieces' buffers."""
+  maybe_check("tensor", UOp(Ops.SINK, dtypes.void, targets))
+  lowered_of: dict[UOp, UOp] = {}
+  lowered = multi.lower(targets, lowered_of)
+  def pieces(v: UOp) -> tuple[UOp, ...]: return v.src if v.op is Ops.MULTI else (v,)
+  todo = list(dict.fromkeys(p for v in lowered for p in pieces(v) if not _is_buffer_form(p)))
+  if left := next((u for p in todo for u in p.toposort if u.op is Ops.MULTI or (u.op is Ops.DEVICE and isinstance(u.arg, tuple))), None):
+    raise ScheduleError(f"a multi-device value was left after lowering it to single-device graphs: {left.op.name} {left.arg!r:.80}")
+  items, becomes = create_schedule(*todo) if todo else ([], {})
+  items = _order(items, by_device=True)
+  def result(v: UOp) -> UOp | None:
+    got = [r for p in pieces(v) if (r := becomes.get(p, p if _is_buffer_form(p) else None)) is not None]
+    if len(got) < len(pieces(v)): return None
+    return multi.multi(got, v.arg) if v.op is Ops.MULTI else got[0]
+  out: dict[UOp, UOp] = {}
+  for t, v in zip(targets, lowered):
+    if (got := result(v)) is not None: out[t] = got
+  # the logical nodes whose lowered values were all computed (shared by other tensors' graphs, as a single-device
+  # schedule names its realized intermediates)
+  for n in UOp(Ops.SINK, dtypes.void, targets).toposort:
+    if n in out or n.shape is None: continue
+    if (low := lowered_of.get(n)) is not None and low is not n and (got := result(low)) is not None: out[n] = got
+    elif n in becomes: out[n] = becomes[n]
+  return items, out
 
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1, (0, 1))
@@ -839,9 +869,10 @@ def _schedule_program(k: UOp, realized: dict[UOp, UOp], items: list[ScheduleItem
   items.append(ScheduleItem(p, bufs, p.device, var_vals, leaves, True, tuple(p.outs)))
 
 
-def _order(items: list[ScheduleItem]) -> list[ScheduleItem]:
+def _order(items: list[ScheduleItem], by_device: bool = False) -> list[ScheduleItem]:
   """The graph order, except that a kernel reading a buffer's old contents runs before the ASSIGN (or precompiled kernel)
-  that overwrites it."""
+  that overwrites it. `by_device` (a multi-device schedule): among the items ready to run, those on the device of the
+  last one first, so each device's kernels come in long runs (what TinyJit batches into one graph launch)."""
   before: list[set[int]] = [set() for _ in items]  # before[j]: items that must run before j
   last_writer: dict[UOp, int] = {}
   for j, it in enumerate(items):
@@ -860,13 +891,25 @@ def _order(items: list[ScheduleItem]) -> list[ScheduleItem]:
   waiting = [len(b) for b in before]
   for j, bs in enumerate(before):
     for i in bs: after[i].append(j)
-  ready = [j for j, w in enumerate(waiting) if w == 0]
   order: list[int] = []
-  while ready:
-    order.append(j := heapq.heappop(ready))
-    for k in after[j]:
-      waiting[k] -= 1
-      if waiting[k] == 0: heapq.heappush(ready, k)
+  if by_device:
+    queues: dict[str, list[int]] = {}  # ready items per device (a copy counts as its destination's), each a heap
+    for j, w in enumerate(waiting):
+      if w == 0: queues.setdefault(items[j].device, []).append(j)
+    dev = ""
+    while any(queues.values()):
+      if not queues.get(dev): dev = min((d for d, q in queues.items() if q), key=lambda d: queues[d][0])
+      order.append(j := heapq.heappop(queues[dev]))
+      for k in after[j]:
+        waiting[k] -= 1
+        if waiting[k] == 0: heapq.heappush(queues.setdefault(items[k].device, []), k)
+  else:
+    ready = [j for j, w in enumerate(waiting) if w == 0]
+    while ready:
+      order.append(j := heapq.heappop(ready))
+      for k in after[j]:
+        waiting[k] -= 1
+        if waiting[k] == 0: heapq.heappush(ready, k)
   if len(order) < len(items):
     raise ScheduleError("a kernel reads both the old and the new contents of an assigned buffer; realize the old value first")
   return [items[j] for j in order]

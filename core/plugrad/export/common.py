@@ -20,7 +20,7 @@ from typing import Any
 from plugrad.device.buffer import Buffer
 from plugrad.dtype import DType, dtypes
 from plugrad.engine.buffers import buffer_of
-from plugrad.engine.jit import TinyJit
+from plugrad.engine.jit import TinyJit, _Output
 from plugrad.engine.memory import plan_memory
 from plugrad.helpers import Context
 from plugrad.uop.ops import Ops, UOp, sint
@@ -181,6 +181,7 @@ def capture(fn_or_jit: Any, example_inputs: Sequence[Any], state: Any = None) ->
     inputs.append(add(base, "input", nm, _dims(spec.uop.shape), spec.uop.dtype))
   outputs: list[Storage] = []
   for i, o in enumerate(c.outputs):
+    if not isinstance(o, _Output): raise ExportError(f"export_model: output {i} of {name} is on several devices; gather it with .to(device) first")
     if o.slot is None or o.slot < c.n_inputs:
       what = "an input" if o.slot is not None else "a tensor the function does not compute (a weight or a constant)"
       raise ExportError(f"export_model: output {i} of {name} is {what}; an exported model returns only what it computes")

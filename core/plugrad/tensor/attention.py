@@ -59,9 +59,10 @@ def _mask_layout(mask: Tensor, lead: tuple[int, ...], L: int, S: int) -> tuple[T
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor | None:
   """softmax(q·kᵀ·scale + mask)·v by the fused kernel, or None where it does not apply (the caller computes the plain
-  formula): FLASH_ATTENTION=0, dtypes other than float32/float16/bfloat16 (through float32) or mixed, symbolic or
+  formula): FLASH_ATTENTION=0, multi-device tensors, dtypes other than float32/float16/bfloat16 (through float32) or mixed, symbolic or
   empty shapes, a mask that does not broadcast. q (..., L, E), k (..., S, E), v (..., S, Ev) with equal leading dims."""
   if FLASH_ATTENTION.value == 0 or q.dtype not in _FUSED_DTYPES or k.dtype is not q.dtype or v.dtype is not q.dtype or q.ndim < 2: return None
+  if not isinstance(q.device, str): return None  # multi-device: the plain formula, which runs per device (docs/sharding.md)
   if q.dtype is dtypes.bfloat16:  # through float32 (the kernel computes in float32 anyway; its buffers hold float32 or float16)
     out = fused_attention(q.float(), k.float(), v.float(), mask, causal, scale)
     return None if out is None else out.cast(dtypes.bfloat16)

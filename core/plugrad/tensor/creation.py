@@ -9,7 +9,7 @@ import numpy as np
 
 from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, DTypeRangeError, check_fits, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, argfix, check_shape, const_uop, iota
+from plugrad.tensor.helpers import ArgumentError, Devices, DTypeNotImplementedError, argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -17,9 +17,19 @@ if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
 
 
-def canonical_device(device: str | None) -> str:
+def canonical_device(device: Devices | list[str] | None) -> Devices:
+  """The canonical name of `device` (the default device for None); a tuple or list of names gives the tuple of their
+  canonical names, the devices of a multi-device tensor (docs/sharding.md)."""
   from plugrad.device.registry import Device
-  if device is not None and not isinstance(device, str): raise TypeError(f"device must be a device name str or None, got {type(device).__name__}")
+  if isinstance(device, (tuple, list)):
+    if not device: raise ValueError("a device tuple needs at least one device")
+    for d in device:
+      if not isinstance(d, str): raise TypeError(f"a device tuple holds device name strs, got {type(d).__name__} {d!r}")
+    from plugrad.engine.multi import note_multi
+    note_multi()
+    return tuple(Device.canonicalize(d) for d in device)
+  if device is not None and not isinstance(device, str):
+    raise TypeError(f"device must be a device name str, a tuple of them or None, got {type(device).__name__}")
   return Device.canonicalize(device) if device is not None else Device.DEFAULT
 
 
@@ -27,17 +37,18 @@ def canonical_device(device: str | None) -> str:
 MAY_LACK = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.float64, dtypes.int64, dtypes.uint64})
 
 
-def dtype_problem(device: str, dt: DType) -> str | None:
-  """Why `device` cannot hold or compute `dt`, or None when it can (its renderer's `dtype_support`)."""
+def dtype_problem(device: Devices, dt: DType) -> str | None:
+  """Why `device` (every device of a tuple) cannot hold or compute `dt`, or None when it can (its renderer's `dtype_support`)."""
   if dt.scalar() not in MAY_LACK: return None
   from plugrad.device.registry import Device
+  if isinstance(device, tuple): return next((f"{d}: {why}" for d in device if (why := dtype_problem(d, dt)) is not None), None)
   return Device[device].renderer.dtype_support(dt.scalar())
 
 
 def require_dtype(device: Any, dt: DType, why: str = "") -> None:
-  """Raise UnsupportedDTypeError when `device` cannot hold or compute `dt` (its renderer's `dtype_support` says why).
-  `why` says what needed the dtype when the user did not ask for it by name (a random draw's uint64 bits)."""
-  if dt.scalar() not in MAY_LACK or not isinstance(device, str): return
+  """Raise UnsupportedDTypeError when `device` (or a device of a tuple) cannot hold or compute `dt` (its renderer's
+  `dtype_support` says why). `why` says what needed the dtype when the user did not ask for it by name (a random draw's uint64 bits)."""
+  if dt.scalar() not in MAY_LACK or not isinstance(device, (str, tuple)): return
   from plugrad.errors import UnsupportedDTypeError
   if (reason := dtype_problem(device, dt)) is not None:
     name = INVERSE_NAMES.get(dt.scalar(), str(dt))
@@ -61,9 +72,13 @@ def _check_nesting(data: Any) -> None:
     raise TensorDataError(f"Tensor data is a list nested more than {MAX_DIMS} levels deep; a tensor has at most {MAX_DIMS} dimensions")
 
 
-def uop_from_data(data: Any, device: str, dtype: DType | None) -> UOp:
-  """The tensor-graph UOp holding `data`: an uploaded BUFFER of its own. (Not a CONST for Python scalars: equal constants
-  are one hash-consed node, so a scalar parameter would share its identity, and its gradient, with every equal constant.)"""
+def uop_from_data(data: Any, device: Devices, dtype: DType | None) -> UOp:
+  """The tensor-graph UOp holding `data`: an uploaded BUFFER of its own (one on each device of a tuple: replicated).
+  (Not a CONST for Python scalars: equal constants are one hash-consed node, so a scalar parameter would share its
+  identity, and its gradient, with every equal constant.)"""
+  if isinstance(device, tuple):
+    from plugrad.engine.multi import per_device
+    return per_device(device, lambda d: uop_from_data(data, d, dtype))
   from plugrad.engine.buffers import from_numpy
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
@@ -105,11 +120,12 @@ def _finish(t: Tensor, requires_grad: bool | None) -> Tensor:
   return t
 
 
-def full(cls: type[Tensor], shape: Any, fill_value: Any, dtype: DTypeLike | None = None, device: str | None = None, buffer: bool = True,
+def full(cls: type[Tensor], shape: Any, fill_value: Any, dtype: DTypeLike | None = None, device: Devices | None = None, buffer: bool = True,
          requires_grad: bool | None = None) -> Tensor:
   """`shape` filled with `fill_value`. With `buffer` (the default) it gets its own memory, so in-place updates of one
   filled tensor never reach another; `buffer=False` gives a broadcast constant that costs nothing."""
   from plugrad.engine.buffers import new_buffer
+  from plugrad.engine.multi import per_device
   raw = argfix(shape) if isinstance(shape, (tuple, list)) else (shape,)
   if any(isinstance(s, UOp) for s in raw): return _full_symbolic(cls, raw, fill_value, dtype, device, buffer, requires_grad)
   shape = check_shape(raw, "full")
@@ -118,15 +134,16 @@ def full(cls: type[Tensor], shape: Any, fill_value: Any, dtype: DTypeLike | None
   check_fits(fill_value, dt, "full")
   dev = canonical_device(device)
   val = const_uop(fill_value, dt, dev, shape)
-  if buffer and prod(shape): val = UOp(Ops.ASSIGN, dt, (new_buffer(dev, prod(shape), dt).reshape(shape), val))
+  if buffer and prod(shape): val = UOp(Ops.ASSIGN, dt, (per_device(dev, lambda d: new_buffer(d, prod(shape), dt).reshape(shape)), val))
   return _finish(cls._wrap(val), requires_grad)
 
 
-def _full_symbolic(cls: type[Tensor], shape: tuple[Any, ...], fill_value: Any, dtype: DTypeLike | None, device: str | None, buffer: bool,
+def _full_symbolic(cls: type[Tensor], shape: tuple[Any, ...], fill_value: Any, dtype: DTypeLike | None, device: Devices | None, buffer: bool,
                    requires_grad: bool | None) -> Tensor:
   """full() of a shape holding bound Variables: its buffer is sized for their largest values and the tensor is the
   leading part of it (a shrink), filled by one kernel that takes the values."""
   from plugrad.engine.buffers import new_buffer
+  from plugrad.engine.multi import per_device
   for s in shape:
     if isinstance(s, UOp) and (s.dtype is not dtypes.index or s.vmin < 0): raise ValueError(f"full: a symbolic size must be a bound Variable "
                                                                                           f"expression >= 0 (dtypes.index), got {s.render()}")
@@ -140,12 +157,13 @@ def _full_symbolic(cls: type[Tensor], shape: tuple[Any, ...], fill_value: Any, d
   val = const_uop(fill_value, dt, dev, shape)
   if buffer:
     size = prod(shape)
-    buf = new_buffer(dev, int(size.simplify().vmax) if isinstance(size, UOp) else size, dt)
-    val = UOp(Ops.ASSIGN, dt, (buf.shrink(((0, size),)).reshape(shape), val))
+    def target(d: str) -> UOp:
+      return new_buffer(d, int(size.simplify().vmax) if isinstance(size, UOp) else size, dt).shrink(((0, size),)).reshape(shape)
+    val = UOp(Ops.ASSIGN, dt, (per_device(dev, target), val))
   return _finish(cls._wrap(val), requires_grad)
 
 
-def full_like(self: Tensor, fill_value: Any, dtype: DTypeLike | None = None, device: str | None = None, buffer: bool = True,
+def full_like(self: Tensor, fill_value: Any, dtype: DTypeLike | None = None, device: Devices | None = None, buffer: bool = True,
               requires_grad: bool | None = None) -> Tensor:
   return type(self).full(self.shape, fill_value, dtype if dtype is not None else self.dtype, device if device is not None else self.device, buffer,
                          requires_grad)
@@ -157,21 +175,22 @@ def zeros_like(self: Tensor, **kwargs: Any) -> Tensor: return self.full_like(0, 
 def ones_like(self: Tensor, **kwargs: Any) -> Tensor: return self.full_like(1, **kwargs)
 
 
-def empty(cls: type[Tensor], *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None) -> Tensor:
+def empty(cls: type[Tensor], *shape: Any, device: Devices | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None) -> Tensor:
   """Uninitialized memory of `shape` (its contents are whatever the allocator hands out)."""
   from plugrad.engine.buffers import new_buffer
+  from plugrad.engine.multi import per_device
   shp = check_shape(argfix(*shape), "empty")
   dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-  return _finish(cls._wrap(new_buffer(canonical_device(device), prod(shp), dt).reshape(shp)), requires_grad)
+  return _finish(cls._wrap(per_device(canonical_device(device), lambda d: new_buffer(d, prod(shp), dt).reshape(shp))), requires_grad)
 
 
-def empty_like(self: Tensor, dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+def empty_like(self: Tensor, dtype: DTypeLike | None = None, device: Devices | None = None, requires_grad: bool | None = None) -> Tensor:
   return type(self).empty(self.shape, dtype=dtype if dtype is not None else self.dtype, device=device if device is not None else self.device,
                           requires_grad=requires_grad)
 
 
 def arange(cls: type[Tensor], start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DTypeLike | None = None,
-           device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+           device: Devices | None = None, requires_grad: bool | None = None) -> Tensor:
   """[start, start+step, ...) up to `stop` (exclusive); `arange(n)` is [0, n); a range whose step points away from
   `stop` is empty (numpy). PyTorch's dtype rule: integer bounds give the default int (int64 when a value does not fit
   it), a float anywhere the default float. With an integer `dtype` and float bounds, the float values are truncated."""
@@ -198,7 +217,7 @@ def arange(cls: type[Tensor], start: int | float, stop: int | float | None = Non
   return _finish(ramp.cast(dt), requires_grad)
 
 
-def _arange_symbolic(cls: type[Tensor], start: Any, stop: UOp, step: Any, dtype: DTypeLike | None, device: str | None,
+def _arange_symbolic(cls: type[Tensor], start: Any, stop: UOp, step: Any, dtype: DTypeLike | None, device: Devices | None,
                      requires_grad: bool | None) -> Tensor:
   """arange up to a bound Variable expression: [start, stop) with an int start and step 1, a symbolic length."""
   if not isinstance(start, int) or isinstance(start, bool) or step != 1 or stop.dtype is not dtypes.index:
@@ -211,7 +230,7 @@ def _arange_symbolic(cls: type[Tensor], start: Any, stop: UOp, step: Any, dtype:
   return _finish(cls._wrap(idx.cast(dt)) + start if start else cls._wrap(idx.cast(dt)), requires_grad)
 
 
-def linspace(cls: type[Tensor], start: int | float, stop: int | float, steps: int, dtype: DTypeLike | None = None, device: str | None = None,
+def linspace(cls: type[Tensor], start: int | float, stop: int | float, steps: int, dtype: DTypeLike | None = None, device: Devices | None = None,
              requires_grad: bool | None = None) -> Tensor:
   """`steps` evenly spaced values from `start` to `stop`, both included."""
   # PyTorch's types: a non-int count is a TypeError, a negative one a RuntimeError (ArgumentError is also tinygrad's ValueError)
@@ -227,7 +246,7 @@ def linspace(cls: type[Tensor], start: int | float, stop: int | float, steps: in
   return _finish(idx.eq(steps - 1).where(float(stop), ramp).cast(dt), requires_grad)  # the end point exactly, like numpy
 
 
-def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
+def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None = None, device: Devices | None = None,
         requires_grad: bool | None = None) -> Tensor:
   m = n if m is None else m
   if not all(isinstance(v, int) and v >= 0 for v in (n, m)): raise ValueError(f"eye: sizes must be ints >= 0, got n={n!r}, m={m!r}")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float
+from plugrad.errors import DeviceMismatchError
 from plugrad.tensor.helpers import ArgumentError, DTypeNotImplementedError, broadcast_shape, const_uop, in_float32, tensor_cls
 from plugrad.uop.ops import GroupOp, Ops, UOp
 
@@ -49,7 +50,7 @@ def broadcasted(self: Tensor, x: Any, reverse: bool = False, op: str = "op") -> 
   T = tensor_cls()
   x = _pyscalar(x)
   if isinstance(x, T):
-    if x.device != self.device: raise ValueError(f"{op}: tensors on different devices ({self.device} and {x.device}); move one with .to()")
+    if x.device != self.device: raise DeviceMismatchError(f"{op}: tensors on different devices ({self.device} and {x.device}); move one with .to()")
     dt = least_upper_dtype(self.dtype, x.dtype)
     shape = broadcast_shape(self.shape, x.shape, op=op)
     a, b = self.cast(dt)._broadcast_to(shape), x.cast(dt)._broadcast_to(shape)
@@ -299,7 +300,7 @@ def where(self: Tensor, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
   cond = self if self.dtype is dtypes.bool else self.cast(dtypes.bool)
   tensors = [t for t in (x, y) if isinstance(t, T)]
   for t in tensors:
-    if t.device != self.device: raise ValueError(f"where: tensors on different devices ({self.device} and {t.device})")
+    if t.device != self.device: raise DeviceMismatchError(f"where: tensors on different devices ({self.device} and {t.device})")
   if isinstance(x, T) and isinstance(y, T): dt = least_upper_dtype(x.dtype, y.dtype)
   elif isinstance(x, T): dt = scalar_dtype(x.dtype, y)
   elif isinstance(y, T): dt = scalar_dtype(y.dtype, x)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
   from plugrad.tensor.tensor import Tensor
 
 Shape = tuple[sint, ...]
+Devices = str | tuple[str, ...]  # one device, or the devices of a multi-device tensor (docs/sharding.md)
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -82,10 +83,10 @@ def broadcast_shape(*shapes: Shape, op: str = "broadcast") -> Shape:
   return tuple(out)
 
 
-def device_uop(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
+def device_uop(device: Devices) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 
 
-def const_uop(value: Any, dtype: DType, device: str | None, shape: Shape) -> UOp:
+def const_uop(value: Any, dtype: DType, device: Devices | None, shape: Shape) -> UOp:
   """`value` of `dtype` broadcast to `shape` on `device`: a CONST reshaped and expanded (nothing is stored)."""
   if isinstance(value, UOp):  # a symbolic int (Variable / BIND)
     c = value if value.dtype is dtype else value.cast(dtype)
@@ -96,13 +97,14 @@ def const_uop(value: Any, dtype: DType, device: str | None, shape: Shape) -> UOp
   return c.reshape((1,) * len(shape)).expand(shape) if shape else c
 
 
-def iota(n: int, device: str, dtype: DType = dtypes.int32) -> UOp:
+def iota(n: int, device: Devices, dtype: DType = dtypes.int32) -> UOp:
   """[0, 1, ..., n-1] as an IOTA leaf: in a kernel it is the index itself, so it costs nothing and no host data."""
   return UOp(Ops.IOTA, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), n)
 
 
 def is_buffer_form(u: UOp) -> bool:
-  """The value sits contiguously in one buffer (a BUFFER, or a BUFFER reshaped)."""
+  """The value sits contiguously in one buffer (a BUFFER, or a BUFFER reshaped), or on several devices in one per device."""
+  if u.op is Ops.MULTI: return all(is_buffer_form(p) for p in u.src)
   return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
 
 

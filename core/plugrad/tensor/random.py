@@ -13,7 +13,7 @@ import numpy as np
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.helpers import prod
 from plugrad.tensor.creation import canonical_device
-from plugrad.tensor.helpers import argfix, check_shape, const_uop, iota
+from plugrad.tensor.helpers import Devices, argfix, check_shape, const_uop, iota
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ _U64, _U32 = dtypes.uint64, dtypes.uint32
 
 class _RNG:
   seed: int = 0
-  offsets: dict[str, int] = {}
+  offsets: dict[Devices, int] = {}
 
 
 def manual_seed(seed: int = 0) -> None:
@@ -33,15 +33,16 @@ def manual_seed(seed: int = 0) -> None:
   _RNG.seed, _RNG.offsets = seed & (2**64 - 1), {}
 
 
-def random_bits(n: int, device: str, bits: int = 32) -> UOp:
+def random_bits(n: int, device: Devices, bits: int = 32) -> UOp:
   """The next `n` random words of `device`'s stream: THREEFRY's high output word (uint32), or with `bits=64` both words
   as uint64. The counter is built from 32-bit operations, so every device draws the same numbers. The stream offset
   is data (a two-word buffer of its own per draw), not a constant of the kernel, so every draw of one size runs the
   same compiled kernel: a model's initialization compiles once per parameter shape, not once per parameter."""
   from plugrad.engine.buffers import from_numpy
-  offset = _RNG.offsets.get(device, 0)
+  from plugrad.engine.multi import per_device
+  offset = _RNG.offsets.get(device, 0)  # a device tuple has a stream of its own, drawn alike on each device (replicated)
   _RNG.offsets[device] = offset + n
-  start = from_numpy(np.array([offset & 0xFFFFFFFF, offset >> 32], np.uint32), device)
+  start = per_device(device, lambda d: from_numpy(np.array([offset & 0xFFFFFFFF, offset >> 32], np.uint32), d))
   def word(i: int) -> UOp: return start.shrink(((i, i + 1),)).expand((n,))
   if n <= dtypes.max(dtypes.int32):  # the low counter word wraps at most once: carry into the high one
     lo = iota(n, device, dtypes.int32).cast(_U32).alu(Ops.ADD, word(0))
@@ -78,7 +79,7 @@ def _done(t: Tensor, contiguous: bool, requires_grad: bool | None) -> Tensor:
   return t
 
 
-def rand(cls: type[Tensor], *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, contiguous: bool = True,
+def rand(cls: type[Tensor], *shape: Any, device: Devices | None = None, dtype: DTypeLike | None = None, contiguous: bool = True,
          requires_grad: bool | None = None) -> Tensor:
   """Uniform in [0, 1)."""
   shp, dt = _draw("rand", shape, dtype, dtypes.default_float)
@@ -98,7 +99,7 @@ def randn(cls: type[Tensor], *shape: Any, dtype: DTypeLike | None = None, requir
   return _done((r * (u2 * (2 * math.pi)).cos()).cast(dt), True, requires_grad)
 
 
-def randint(cls: type[Tensor], *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, device: str | None = None,
+def randint(cls: type[Tensor], *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, device: Devices | None = None,
             requires_grad: bool | None = None) -> Tensor:
   """Uniform integers in [low, high)."""
   shp, dt = _draw("randint", shape, dtype, dtypes.int32)

@@ -39,7 +39,7 @@ def _count(self: Tensor, axis: Axis) -> int:
   return prod(self.shape[a] for a in _axes(self, axis, "count"))
 
 
-def int_acc_dtype(dt: DType, device: str) -> DType:
+def int_acc_dtype(dt: DType, device: str | tuple[str, ...]) -> DType:
   """The dtype an integer or bool sum or product (and their scans) accumulates in and returns: int64 where the device
   has it, as in PyTorch (uint64 stays uint64, which int64 would wrap); on a device without int64 tinygrad's rule,
   int32 (uint32 for unsigned ints)."""

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from plugrad.errors import DeviceMismatchError, ShardAxisError, ShardingError
 from plugrad.gradient import is_kernel_output, kernel_output_origin
 from plugrad.helpers import dedup, prod
 from plugrad.tensor import bitcast as bc
@@ -24,7 +25,7 @@ from plugrad.tensor import elementwise as ew
 from plugrad.tensor import movement as mv
 from plugrad.tensor import random as rnd
 from plugrad.tensor import reduce as rd
-from plugrad.tensor.helpers import const_uop, device_uop, ints, is_buffer_form
+from plugrad.tensor.helpers import Devices, const_uop, device_uop, ints, is_buffer_form
 from plugrad.tensor.indexing import IndexingMixin
 from plugrad.tensor.nn_ops import NNMixin
 from plugrad.tensor.scan import ScanMixin
@@ -134,7 +135,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   grad: Tensor | None
   __array_priority__: ClassVar[float] = 1000.0  # numpy scalar (op) Tensor defers to our reflected operators
 
-  def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None):
+  def __init__(self, data: Any, device: Devices | list[str] | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None):
     dt = to_dtype(dtype) if dtype is not None else None
     if dt is not None and (dt.count != 1 or dt.scalar() not in dtypes.all): raise TypeError(f"a Tensor needs a scalar dtype, got {dt}")
     if isinstance(data, Tensor): data = data.uop
@@ -170,7 +171,9 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   @property
   def dtype(self) -> DType: return self.uop.dtype
   @property
-  def device(self) -> str: return self.uop.tensor_device
+  def device(self) -> Devices:
+    """The device name, or for a multi-device tensor the tuple of its devices (docs/sharding.md)."""
+    return self.uop.tensor_device
   @property
   def ndim(self) -> int: return len(self.shape)
   def numel(self) -> sint: return prod(self.shape)
@@ -213,6 +216,8 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
 
   def _buffer(self) -> Any:
     from plugrad.engine.buffers import buffer_of
+    if isinstance(self.device, tuple):
+      raise ShardingError(f"a tensor on {self.device} has one buffer per device; gather it with .to(device) first (or read it with .numpy())")
     self.realize()
     u = self.uop
     return buffer_of(u if u.op is Ops.BUFFER else u.src[0]).ensure_allocated()  # (an empty() tensor was never written)
@@ -222,6 +227,10 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if self.dtype is dtypes.bfloat16: return self.cast(dtypes.float32).numpy()
     shape = ints(self.shape, "numpy")
     if 0 in shape: return np.zeros(shape, dtypes.to_numpy(self.dtype))
+    if isinstance(self.device, tuple):  # gathered on the host: each piece read from its device
+      u = self.realize().uop
+      parts = [self._wrap(p).numpy() for p in u.src]
+      return parts[0] if u.arg is None else np.concatenate(parts, axis=u.arg)
     return self._buffer().numpy().reshape(shape)
 
   def tolist(self) -> Any: return self.numpy().tolist()
@@ -231,17 +240,46 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     return self.numpy().reshape(()).item()
 
   # ---- devices, copies, dtypes
-  def to(self, device: str | None) -> Tensor:
+  def to(self, device: Devices | list[str] | None) -> Tensor:
+    """This tensor on `device`; a tuple of devices replicates it on each (`shard(devices)`), and a multi-device tensor
+    moved to one device is gathered there."""
     dev = cr.canonical_device(device)
     if dev == self.device: return self
+    if isinstance(dev, tuple): return self.shard(dev)
     ret = Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop, device_uop(dev))))
     ret.requires_grad = self.requires_grad
     if self.grad is not None: ret.grad = self.grad.to(dev)
     return ret
 
-  def to_(self, device: str | None) -> Tensor:
+  def to_(self, device: Devices | list[str] | None) -> Tensor:
     """Move this tensor (and its gradient) to `device` in place."""
     moved = self.to(device)
+    self.uop, self.grad = moved.uop, moved.grad
+    return self
+
+  def shard(self, devices: tuple[str, ...] | list[str], axis: int | None = None) -> Tensor:
+    """This tensor on several devices: split along `axis` into one piece per device, in order, of ceil(n / len(devices))
+    rows each (the last pieces shorter, or empty), or replicated on every device when `axis` is None. A multi-device
+    tensor is resharded. Ops on the result run per device, with the copies they need (docs/sharding.md)."""
+    from plugrad.device.registry import Device
+    from plugrad.engine.multi import layout
+    devs = cr.canonical_device(devices)
+    if not isinstance(devs, tuple): raise TypeError(f"shard takes a tuple of devices, got {devices!r} (to move to one device, use .to())")
+    for d in devs: Device[d]  # a device that does not exist here (CPU:1 without CPU_DEVICES=2) fails now, not at the first kernel
+    if axis is not None:
+      if not isinstance(axis, int) or isinstance(axis, bool): raise TypeError(f"shard: axis must be an int or None, got {axis!r}")
+      if not -self.ndim <= axis < self.ndim: raise ShardAxisError(f"shard: axis {axis} is out of range for shape {fmt(self.shape)}")
+      axis %= self.ndim
+      if not isinstance(self.shape[axis], int): raise ShardAxisError(f"shard: axis {axis} of shape {fmt(self.shape)} is symbolic")
+    if isinstance(self.device, tuple) and layout(self.uop) == (devs, axis): return self
+    ret = Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop, device_uop(devs)), axis))
+    ret.requires_grad = self.requires_grad
+    if self.grad is not None: ret.grad = self.grad.shard(devs, axis)
+    return ret
+
+  def shard_(self, devices: tuple[str, ...] | list[str], axis: int | None = None) -> Tensor:
+    """Shard this tensor (and its gradient) in place."""
+    moved = self.shard(devices, axis)
     self.uop, self.grad = moved.uop, moved.grad
     return self
 
@@ -250,13 +288,16 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if is_buffer_form(self.uop) or self.uop.op is Ops.CONTIGUOUS: return self._wrap(self.uop)
     return self._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
-  def clone(self, device: str | None = None) -> Tensor:
+  def clone(self, device: Devices | list[str] | None = None) -> Tensor:
     """A copy in new memory (on `device` when given), with the same requires_grad and a cloned gradient."""
     from plugrad.engine.buffers import new_buffer
+    from plugrad.engine.multi import fresh_like
     dev = cr.canonical_device(device) if device is not None else self.device
-    src = self.uop if dev == self.device else UOp(Ops.COPY, self.dtype, (self.uop, device_uop(dev)))
+    src = self.uop if dev == self.device else self.to(dev).uop
     n = prod(ints(self.shape, "clone"))
-    ret = Tensor._wrap(UOp(Ops.ASSIGN, self.dtype, (new_buffer(dev, n, self.dtype).reshape(self.shape), src)) if n else src)
+    # on several devices: new buffers laid out as the value is (a sharded value stays sharded)
+    target = fresh_like(src) if isinstance(dev, tuple) else new_buffer(dev, n, self.dtype).reshape(self.shape)
+    ret = Tensor._wrap(UOp(Ops.ASSIGN, self.dtype, (target, src)) if n else src)
     ret.requires_grad = self.requires_grad
     if self.grad is not None: ret.grad = self.grad.clone(device)
     return ret
@@ -290,7 +331,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
     if x.uop is self.uop: return self
     if x.dtype is not self.dtype: raise TypeError(f"assign of a {x.dtype} tensor to a {self.dtype} tensor; cast it first")
-    if x.device != self.device: raise ValueError(f"assign of a tensor on {x.device} to a tensor on {self.device}; move it with .to() first")
+    if x.device != self.device: raise DeviceMismatchError(f"assign of a tensor on {x.device} to a tensor on {self.device}; move it with .to() first")
     if x.shape != self.shape:
       try: x = x._broadcast_to(self.shape)
       except ShapeError: raise ShapeError(f"assign of shape {fmt(x.shape)} to a tensor of shape {fmt(self.shape)}") from None
@@ -324,7 +365,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     grads = compute_gradient(root, seed.uop, want)
     if missing := [i for i, u in enumerate(want) if u not in grads]:
       raise GradientError(f"gradient: target(s) {missing} are not part of this tensor's graph (or only through detach)")
-    return [Tensor._wrap(grads[u].substitute(back)) for u in want]
+    return [Tensor._wrap(_like_layout(grads[u].substitute(back), t.uop)) for u, t in zip(want, targets)]
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every live tensor `t` with requires_grad=True that self depends on."""
@@ -339,7 +380,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
       if (g := grads.get(u)) is None: continue
       # .grad holds values, not a graph (PyTorch's backward without create_graph): realized, it keeps no origin, so a
       # step's activations are not held until the next zero_grad
-      g = UOp(Ops.DETACH, g.dtype, (g.substitute(back),))
+      g = UOp(Ops.DETACH, g.dtype, (_like_layout(g.substitute(back), t.uop),))
       t.grad = Tensor._wrap(g) if t.grad is None else t.grad + Tensor._wrap(g)
     return self
 
@@ -439,6 +480,15 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   def __irshift__(self, x: Any) -> Tensor: return self.assign(self.rshift(x))
 
 
+def _like_layout(g: UOp, of: UOp) -> UOp:
+  """The gradient `g` of the multi-device tensor `of` laid out like it (the same devices, sharded along the same axis
+  or replicated: a no-op when it already is); a single-device gradient as it is."""
+  if not isinstance(of.tensor_device, tuple): return g
+  from plugrad.engine.multi import layout
+  devs, axis = layout(of) or (of.tensor_device, None)
+  return UOp(Ops.COPY, g.dtype, (g, device_uop(devs)), axis)
+
+
 def _old_value_readers(todo: list[UOp]) -> list[UOp]:
   """The graphs of live tensors (outside `todo`) that read a buffer that an ASSIGN (or a precompiled kernel's AFTER) in
   `todo` writes, and not through it: they were built from the old contents, so they must run before the write."""
@@ -460,7 +510,7 @@ def _base(u: UOp) -> UOp:
   return u
 
 
-def _is_view_of_buffer(u: UOp) -> bool: return _base(u).op is Ops.BUFFER
+def _is_view_of_buffer(u: UOp) -> bool: return _base(u).op is Ops.BUFFER or (_base(u).op is Ops.MULTI and is_buffer_form(_base(u)))
 
 
 _WRITABLE_VIEW = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})

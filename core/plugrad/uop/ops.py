@@ -48,6 +48,9 @@ class Ops(enum.IntEnum):
   SHL = enum.auto(); SHR = enum.auto(); THREEFRY = enum.auto()
   # --- ALU ternary
   WHERE = enum.auto(); MULACC = enum.auto()
+  # --- tensor graph: a value on several devices, MULTI(*pieces, arg=axis) (engine/multi.py). Last, so that adding it
+  # changed no other op's value (values order commutative operands in kernels and are pickled in the caches)
+  MULTI = enum.auto()
 
   def __repr__(self) -> str: return f"Ops.{self.name}"
   __str__ = __repr__

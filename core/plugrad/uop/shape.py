@@ -46,6 +46,7 @@ def _node_shape(u: UOp) -> Shape | None:
   if op is Ops.SHRINK: return tuple(e if isinstance(b, int) and b == 0 else _simple(e - b) for b, e in u.arg)
   if op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
   if op is Ops.GATHER: return _gather_shape(u)
+  if op is Ops.MULTI: return _multi_shape(u)
   if op is Ops.SCATTER: _scatter_check(u)
   if op is Ops.BITCAST and s is not None and src[0].dtype.itemsize != u.dtype.itemsize and s:
     return (*s[:-1], s[-1] * src[0].dtype.itemsize // u.dtype.itemsize)
@@ -65,6 +66,18 @@ def _gather_shape(u: UOp) -> Shape:
      any(not _eq(a, b) for d, (a, b) in enumerate(zip(xs, ix)) if d != ax):
     raise ShapeError(f"GATHER along axis {ax}: index {fmt(ix)} must have the shape of the source {fmt(xs)} except along the axis")
   return ix
+
+
+def _multi_shape(u: UOp) -> Shape:
+  """MULTI(*pieces, arg=axis): the pieces' shape (replicated, axis None) or the pieces joined along the axis."""
+  shapes, ax = [s.__dict__["_shape"] for s in u.src], u.arg
+  first = shapes[0] if shapes else None
+  if first is None or any(s is None or len(s) != len(first) for s in shapes) or (ax is not None and not 0 <= ax < len(first)) or \
+     any(not _eq(a, b) for s in shapes for d, (a, b) in enumerate(zip(s, first)) if d != ax):
+    raise ShapeError(f"MULTI along axis {ax}: pieces of shapes {', '.join(fmt(s) for s in shapes)} must match"
+                     f"{'' if ax is None else ' outside that axis'}")
+  if ax is None: return first
+  return tuple(_simple(sum(s[ax] for s in shapes)) if d == ax else n for d, n in enumerate(first))
 
 
 def _scatter_check(u: UOp) -> None:
@@ -98,6 +111,7 @@ def device_of(root: UOp) -> Any:
     elif u.op is Ops.BUFFER: d = u.src[1].arg
     elif u.op is Ops.COPY: d = u.src[1].arg
     elif u.op is Ops.IOTA: d = u.src[0].arg
+    elif u.op is Ops.MULTI: d = tuple(s.__dict__["_device"] for s in u.src)
     else: d = next((s.__dict__["_device"] for s in u.src if s.__dict__["_device"] is not None), None)
     u.__dict__["_device"] = d
   return root.__dict__["_device"]

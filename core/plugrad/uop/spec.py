@@ -235,6 +235,13 @@ def _kernel(u: UOp) -> str | None:
   return None if all(s.op is Ops.BIND for s in u.src[nb:]) else "KERNEL sources are the slot tensors, then BINDs"
 
 
+def _multi(u: UOp) -> str | None:
+  # a value on several devices (engine/multi.py): one single-device piece per device, sharded along arg or replicated (None)
+  if not u.src or any(s.dtype is not u.dtype for s in u.src): return "MULTI needs one or more pieces of its dtype"
+  if u.arg is not None and not (_is_int(u.arg) and u.arg >= 0): return "MULTI arg must be the sharded axis (an int >= 0) or None (replicated)"
+  return None if all(isinstance(s.tensor_device, str) for s in u.src) else "every piece of a MULTI must be on one device (a str device)"
+
+
 SCATTER_HOW = ("set", "add", "mul", "max", "min")
 
 
@@ -382,6 +389,7 @@ TENSOR_RULES: dict[Ops, Check] = {
   Ops.REDUCE_AXIS: _reduce_axis, Ops.GATHER: _gather, Ops.SCATTER: _scatter,
   Ops.COPY: _copy, Ops.CONTIGUOUS: _same_as_src0("CONTIGUOUS", 1, None), Ops.DETACH: _same_as_src0("DETACH"),
   Ops.ASSIGN: _same_as_src0("ASSIGN", 2, 2), Ops.AFTER: _same_as_src0("AFTER", 1, None), Ops.BUFFER_VIEW: _same_as_src0("BUFFER_VIEW"),
+  Ops.MULTI: _multi,
 }
 
 _MEMORY: dict[Ops, Check] = {

@@ -263,6 +263,13 @@ class CPUAllocator(Allocator[CPUBuffer]):
     _settle()
     ctypes.memmove(out.ctypes.data, handle.addr, out.size)
 
+  def _transfer(self, dest: CPUBuffer, src: CPUBuffer, nbytes: int, src_dev: Allocator, dest_dev: Allocator) -> None:
+    # between CPU instances (CPU_DEVICES): they share the host's memory, so a copy is one memmove
+    if nbytes > min(dest.nbytes, src.nbytes):
+      raise ValueError(f"{self.device}: a transfer of {nbytes} bytes between buffers of {src.nbytes} and {dest.nbytes} bytes")
+    _settle()
+    ctypes.memmove(dest.addr, src.addr, nbytes)
+
   def _offset(self, handle: CPUBuffer, offset: int, nbytes: int) -> CPUBuffer:
     if offset < 0 or nbytes < 0 or offset + nbytes > handle.nbytes:
       raise ValueError(f"{self.device}: a view of {nbytes} bytes at offset {offset} does not fit a buffer of {handle.nbytes} bytes")

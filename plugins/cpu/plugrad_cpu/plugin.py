@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from plugrad.backend import DeviceSpec, SettingsError, device_name, hookimpl
+from plugrad.backend import DeviceSpec, SettingsError, device_name, getenv, hookimpl
 
 NAME = "CPU"
 NO_LLVMLITE = "CPU_LLVM=1 needs llvmlite (pip install llvmlite, or pip install plugrad-cpu[llvm])"
@@ -33,7 +33,14 @@ def _need_llvmlite() -> None:
   except ImportError: raise DeviceUnavailableError(NO_LLVMLITE) from None
 
 
+def instances() -> int:
+  """CPU_DEVICES: how many CPU devices (CPU, CPU:1, ...) the host is split into, default 1; each runs its kernels on its
+  share of the threads (runtime.instance_threads). A bad value is a SettingsError."""
+  return getenv("CPU_DEVICES", 1, minimum=1, maximum=1024)
+
+
 def probe() -> str | None:
+  instances()  # a bad CPU_DEVICES makes the device misconfigured (SettingsError), named at its first use
   from plugrad_cpu.toolchain import find_cc
   from plugrad_cpu.toolchain import probe as find
   if (why := find()) is not None:
@@ -53,9 +60,9 @@ def _has_llvmlite() -> bool:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 100: the default device once installed, unless a GPU plugin (200) is available
-  # count=1: the host is one device (all its cores); CPU:1 and up are refused (API 2.1)
+  # count: the host is one device (all its cores) unless CPU_DEVICES=N splits it into CPU..CPU:N-1 (API 2.1)
   return [DeviceSpec(NAME, api=(2, 2), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
-                     "compiler (clang/gcc), run on host threads", count=1)]
+                     "compiler (clang/gcc), run on host threads", count=instances)]
 
 
 @hookimpl

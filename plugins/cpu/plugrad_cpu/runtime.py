@@ -58,6 +58,16 @@ def default_threads(env: dict[str, str] | None = None) -> int:
   return n
 
 
+def instance_threads(device: str, env: dict[str, str] | None = None) -> int:
+  """The threads of CPU instance `device` when CPU_DEVICES=N splits the host: THREADS (default: every core) divided
+  among the N instances, the first ones taking the remainder, at least 1 each. One instance: all of them."""
+  from plugrad.backend import parse_device, parse_setting
+  total = default_threads(env)
+  n = parse_setting("CPU_DEVICES", (os.environ if env is None else env).get("CPU_DEVICES", ""), 1, minimum=1, maximum=1024)
+  index = parse_device(device)[1]
+  return max(1, total // n + (1 if index < total % n else 0))
+
+
 class _Pool:
   """Worker threads shared by every CPU kernel of the process, each with its own queue, so share k of a launch always
   runs on worker k (n shares really run on n threads, and a worker keeps touching the same part of the data). A launch
@@ -296,12 +306,13 @@ class CPUProgram:
 
 
 class CPURuntime(Runtime):
-  """Runs kernels synchronously on `threads` host threads (THREADS, default all cores)."""
+  """Runs kernels synchronously on `threads` host threads (THREADS, default all cores; with CPU_DEVICES=N, this
+  instance's share of them)."""
   capabilities = frozenset({"run", "timing"})
 
   def __init__(self, device: str, threads: int | None = None):
     super().__init__(device)
-    self.threads = default_threads() if threads is None else threads
+    self.threads = instance_threads(device) if threads is None else threads
     if not isinstance(self.threads, int) or self.threads < 1: raise ValueError(f"threads must be a positive int, got {self.threads!r}")
 
   def __repr__(self) -> str: return f"<CPURuntime {self.device}: {self.threads} threads>"

@@ -55,6 +55,28 @@ def test_THREADS_env(monkeypatch):
   assert CPURuntime("CPU").threads == 5
 
 
+def test_CPU_DEVICES_splits_the_threads(monkeypatch):
+  from plugrad_cpu.runtime import CPURuntime, instance_threads
+  assert [instance_threads(f"CPU:{i}", {"THREADS": "5", "CPU_DEVICES": "2"}) for i in range(2)] == [3, 2]
+  assert [instance_threads(f"CPU:{i}", {"THREADS": "2", "CPU_DEVICES": "3"}) for i in range(3)] == [1, 1, 1]  # at least one each
+  assert instance_threads("CPU", {"THREADS": "4"}) == 4  # one instance: every thread
+  with pytest.raises(ValueError, match="CPU_DEVICES='0' is not valid"): instance_threads("CPU", {"CPU_DEVICES": "0"})
+  monkeypatch.setenv("THREADS", "4")
+  monkeypatch.setenv("CPU_DEVICES", "2")
+  assert (CPURuntime("CPU").threads, CPURuntime("CPU:1").threads) == (2, 2)
+  from plugrad_cpu.plugin import instances, probe
+  assert instances() == 2
+  monkeypatch.setenv("CPU_DEVICES", "two")
+  with pytest.raises(ValueError, match="CPU_DEVICES='two'"): probe()  # a SettingsError: the device is misconfigured
+
+
+def test_transfer_between_instances(cpu):
+  alloc = cpu.allocator
+  src = Buffer(cpu.name, 100, dtypes.int32, allocator=alloc).copyin(np.arange(100, dtype=np.int32).data.cast("B"))
+  dest = Buffer(cpu.name, 100, dtypes.int32, allocator=type(alloc)("CPU:1")).copy_from(src)  # another instance's allocator
+  assert alloc.supports_transfer and (dest.numpy() == np.arange(100)).all()
+
+
 def test_allocations_are_aligned_and_zero_copy(cpu):
   alloc = cpu.allocator
   for nbytes in (0, 1, 3, 64, 100, 4096, 1 << 20):
