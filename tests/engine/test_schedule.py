@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from plugrad import Tensor
-from plugrad.engine.schedule import ScheduleError, _buffer_uop, create_schedule
+from plugrad.engine.nodes import buffer_uop
+from plugrad.engine.schedule import ScheduleError, create_schedule
 from plugrad.uop.ops import Ops, UOp
 
 DEV = "PYTHON"
@@ -240,5 +241,5 @@ def test_buffers_come_from_the_simplified_kernel():
   (it,) = [it for it in (a.pad((2, 1))[0:2] + b).schedule() if it.kind == "kernel"]
   slots = sorted(u.arg for u in it.ast.toposort if u.op is Ops.DEFINE_GLOBAL)
   assert slots == list(range(len(it.bufs))) == [0, 1]
-  assert it.bufs[1] is _buffer_uop(b.uop) and _buffer_uop(a.uop) not in it.bufs + tuple(it.reads_before)
+  assert it.bufs[1] is buffer_uop(b.uop) and buffer_uop(a.uop) not in it.bufs + tuple(it.reads_before)
   np.testing.assert_allclose((a.pad((2, 1))[0:2] + b).numpy(), b.numpy())

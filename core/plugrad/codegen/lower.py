@@ -2,20 +2,12 @@
 turned into register accumulators with explicit loops."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
-from plugrad.dtype import AddrSpace, DType, dtypes
+from plugrad.dtype import AddrSpace, dtypes
 from plugrad.helpers import ceildiv, prod
 from plugrad.renderer.base import Renderer
-from plugrad.uop.ops import AxisType, Ops, UOp, sint
-
-
-def reduce_identity(op: Ops, dt: DType) -> float | int | bool:
-  if op is Ops.ADD: return 0
-  if op is Ops.MUL: return 1
-  if op is Ops.MAX: return -math.inf if dtypes.is_float(dt) else dtypes.min(dt)
-  raise ValueError(f"no identity for a {op.name} reduction")
+from plugrad.uop.ops import AxisType, Ops, UOp, reduce_identity, sint
 
 
 def add_gpudims(ast: UOp, renderer: Renderer, dont_use_locals: bool = False) -> UOp:

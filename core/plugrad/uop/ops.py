@@ -548,6 +548,14 @@ python_alu: dict[Ops, Callable[..., Any]] = {
 }
 
 
+def reduce_identity(op: Ops, dt: DType) -> float | int | bool:
+  """The value a REDUCE of `op` over `dt` starts from (and a padded element of its input holds)."""
+  if op is Ops.ADD: return 0
+  if op is Ops.MUL: return 1
+  if op is Ops.MAX: return -math.inf if dtypes.is_float(dt) else dtypes.min(dt)
+  raise ValueError(f"no identity for a {op.name} reduction")
+
+
 def exec_alu(op: Ops, dtype: DType, operands: tuple[Any, ...], arg: Any = None) -> Any:
   """Evaluate one ALU op on Python scalars (or tuples, elementwise) with the C semantics of `dtype` (`arg`: the UOp's,
   which only THREEFRY reads)."""

@@ -24,7 +24,7 @@ from plugrad.codegen.opt.tc import apply_tc
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import prod
 from plugrad.renderer.base import Renderer
-from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp
+from plugrad.uop.ops import AxisType, KernelInfo, Ops, UOp, reduce_identity
 
 MAX_UPCAST = 1024         # lanes (product of UPCAST and UNROLL sizes) a kernel may ask for: an 8x32 tile unrolled by 4
 MAX_PACK_BYTES = 1 << 19  # a PACK scratch array lives on the thread's stack: at most 512 KiB
@@ -325,7 +325,6 @@ class Scheduler:
     ast = self.ast.substitute(sub)
     red_sub: dict[UOp, UOp] = {}
     for red in (u for u in ast.toposort if u.op is Ops.REDUCE and r in u.src[1:]):
-      from plugrad.codegen.lower import reduce_identity
       red_sub[red] = red.replace(src=(ok.where(red.src[0], red.src[0].const_like(reduce_identity(red.arg, red.dtype))), *red.src[1:]))
     self.ast = ast.substitute(red_sub).substitute({r: nr})
 
