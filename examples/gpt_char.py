@@ -6,6 +6,7 @@ checkpoint that is reloaded into a fresh model at the end to check it.
   python examples/gpt_char.py                      # DEV=PYTHON / DEV=CPU / ... to pick the device
   python examples/gpt_char.py --steps 300 --sample-every 100
   python examples/gpt_char.py --smoke              # a tiny model, a few steps: checks the whole path in seconds
+  mpirun -np 2 python examples/gpt_char.py --distributed   # data-parallel over 2 processes (docs/distributed.md)
 
 Exits with status 1 if the reloaded model disagrees with the trained one.
 """
@@ -22,6 +23,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+import plugrad.distributed as dist
 from plugrad import Device, Tensor, TinyJit, nn
 from plugrad.nn import get_parameters, get_state_dict, load_state_dict
 from plugrad.nn.optim import AdamW, LambdaLR
@@ -113,10 +115,19 @@ def main() -> int:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--weights", default=os.path.join(tempfile.gettempdir(), "plugrad_gpt_char.safetensors"), help="the checkpoint")
   ap.add_argument("--smoke", action="store_true", help="a tiny model for a few steps: checks the path, not the quality")
+  ap.add_argument("--distributed", action="store_true",
+                  help="data-parallel over the processes of an MPI launch (mpirun -np N ...): each trains on 1/N of every batch; rank 0 "
+                  "reports and saves")
   args = ap.parse_args()
   if args.smoke:
     args.steps, args.batch_size, args.ctx, args.dim, args.heads, args.layers = 4, 4, 16, 32, 2, 1
     args.corpus_kb, args.sample_every, args.sample_chars = 20, 4, 16
+  rank, world = 0, 1
+  if args.distributed:
+    dist.init()
+    rank, world = dist.rank(), dist.world_size()
+    if args.batch_size % world: ap.error(f"--batch-size {args.batch_size} must be divisible by the {world} processes")
+  share = slice(rank * args.batch_size // world, (rank + 1) * args.batch_size // world)
 
   t_start = time.perf_counter()
   text = load_corpus(args.corpus_kb * 1000)
@@ -125,14 +136,17 @@ def main() -> int:
   data = np.array([stoi[c] for c in text], np.int32)
   split = int(0.9 * len(data))
   train_data, val_data = data[:split], data[split:]
-  print(f"device {Device.DEFAULT}: {len(text) / 1e3:.0f} KB of standard-library source, {len(chars)} distinct characters")
+  if rank == 0:
+    print(f"device {Device.DEFAULT}: {len(text) / 1e3:.0f} KB of standard-library source, {len(chars)} distinct characters" +
+          (f"; {world} processes, {args.batch_size // world} windows of each batch per process" if world > 1 else ""))
 
   Tensor.manual_seed(args.seed)
-  rng = np.random.default_rng(args.seed)
+  rng = np.random.default_rng(args.seed)  # the batches: the same on every rank, each takes its share
+  sample_rng = rng if world == 1 else np.random.default_rng(args.seed + 1)  # rank 0's samples must not move the ranks' batch draws apart
   model = CharGPT(len(chars), args.ctx, args.dim, args.heads, args.layers)
   params = get_parameters(model)
   n_params = sum(p.numel() for p in params)
-  print(f"model: {args.layers} layers, dim {args.dim}, {args.heads} heads, context {args.ctx}: {n_params / 1e6:.2f}M parameters")
+  if rank == 0: print(f"model: {args.layers} layers, dim {args.dim}, {args.heads} heads, context {args.ctx}: {n_params / 1e6:.2f}M parameters")
   opt = AdamW(params, lr=args.lr, weight_decay=0.01)
   warmup = max(1, min(100, args.steps // 10))  # a short linear warm-up, then cosine decay to 10% of lr
   decay = max(1, args.steps - warmup)
@@ -150,6 +164,9 @@ def main() -> int:
     loss.backward()
     return loss.realize(*opt.schedule_step())  # the loss and the update in one run
 
+  if world > 1:  # rank 0's initial weights broadcast; two captures around the gradient all-reduce
+    step = dist.DistributedOptimizer(opt).make_step(lambda x, y: model(x).sparse_categorical_crossentropy(y))  # type: ignore[assignment]
+
   evaluate = TinyJit(lambda x, y: model(x).sparse_categorical_crossentropy(y).realize())
   val_batches = [batch(val_data, args.batch_size) for _ in range(2 if args.smoke else 8)]  # the same held-out windows every time
   sampler = make_sampler(model)
@@ -158,22 +175,25 @@ def main() -> int:
   def report(step_no: int, train_loss: float) -> None:
     Tensor.training = False
     val = float(np.mean([evaluate(x, y).item() for x, y in val_batches]))
-    sample = "".join(chars[i] for i in generate(sampler, args.ctx, prompt, args.sample_chars, rng))
+    sample = "".join(chars[i] for i in generate(sampler, args.ctx, prompt, args.sample_chars, sample_rng))
     safe_save(get_state_dict(model), args.weights, metadata={"vocab": json.dumps(chars), "config": json.dumps(model.config)})
     tqdm.write(f"step {step_no}: train loss {train_loss:.3f}, val loss {val:.3f}; sample:\n    def {sample.replace(chr(10), chr(10) + '    ')}",
                file=sys.stdout)
 
   losses: list[float] = []
-  with tqdm(total=args.steps, desc="training", unit="step", file=sys.stdout) as bar:
+  with tqdm(total=args.steps, desc="training", unit="step", file=sys.stdout, disable=rank != 0) as bar:
     t0 = time.perf_counter()
     for s in range(1, args.steps + 1):
       Tensor.training = True
-      loss = step(*batch(train_data, args.batch_size)).item()
+      x, y = batch(train_data, args.batch_size)
+      if world == 1: loss = step(x, y).item()
+      else: loss = dist.all_reduce(step(x[share], y[share]), "mean").item()  # the whole batch's loss
       sched.step()
       losses.append(loss)
       bar.update(1)
       bar.set_postfix(loss=f"{loss:.3f}", rate=f"{s * args.batch_size * args.ctx / (time.perf_counter() - t0):.0f} chars/s")
-      if s % args.sample_every == 0 or s == args.steps: report(s, float(np.mean(losses[-args.sample_every:])))
+      if rank == 0 and (s % args.sample_every == 0 or s == args.steps): report(s, float(np.mean(losses[-args.sample_every:])))
+  if rank != 0: return 0  # rank 0 checks the checkpoint it wrote
 
   # the checkpoint holds everything to rebuild the model: check that a fresh one predicts the same
   meta = safe_load_metadata(args.weights)

@@ -1,0 +1,339 @@
+"""The process group and the collectives on Tensors (docs/distributed.md).
+
+One process per rank, started by an MPI launcher (`mpirun -np 2 python train.py`); the ranks talk through mpi4py on the
+MPI library of the machine (Open MPI here). A process not started by a launcher is a world of one: every collective
+returns its input's values, and mpi4py is not needed.
+
+Data goes through host memory: a tensor is realized and MPI reads its buffer (the device memory itself where the
+allocator offers host access, as the CPU and PYTHON devices do; a copy otherwise), and the result is received into a new
+buffer on the tensor's device. Every collective is non-blocking underneath and waited for with a deadline
+(PLUGRAD_DIST_TIMEOUT), so a rank that stops answering makes the others raise DistributedTimeoutError instead of hanging.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from plugrad.dtype import DType, dtypes
+from plugrad.engine.buffers import buffer_of, new_buffer
+from plugrad.helpers import SettingsError, getenv, prod
+from plugrad.tensor import Tensor
+from plugrad.tensor.helpers import ints
+from plugrad.uop.ops import Ops
+
+__all__ = ["OPS", "DistributedError", "DistributedTimeoutError", "all_gather", "all_reduce", "all_reduce_many", "barrier", "broadcast", "init",
+           "is_initialized", "rank", "world_size"]
+
+OPS = ("sum", "mean", "max", "min", "prod")
+DEFAULT_TIMEOUT = 300.0  # seconds: longer than any legitimate wait in a step (a first compile, rank 0 writing a checkpoint)
+_SPIN_S = 0.1            # waits shorter than this busy-poll, as MPI's blocking calls do (it progresses only inside its calls); then yield
+_NAP_AFTER_S = 1.0       # a wait this long is a peer doing something else (saving, evaluating): poll every few ms from then on
+# markers an MPI launcher leaves in each process's environment (Open MPI, MPICH/Hydra and PMI-2, PMIx launchers such as srun)
+_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
+class DistributedError(RuntimeError):
+  """A collective or the process group failed: mpi4py missing under a launcher, too few processes, ranks that disagree on
+  a collective, or a group left unusable by an earlier failure. The message names the operation and the rank."""
+
+
+class DistributedTimeoutError(DistributedError, TimeoutError):
+  """A collective did not complete within PLUGRAD_DIST_TIMEOUT seconds: another rank died, hangs, or never called it."""
+
+
+@dataclass
+class _Group:
+  rank: int
+  size: int
+  timeout: float
+  comm: Any = None              # mpi4py's COMM_WORLD; None in a world of one without a launcher
+  mpi: Any = None               # the mpi4py.MPI module
+  seq: int = 0                  # collectives issued so far (all ranks count the same, or the agreement check says which differs)
+  broken: str | None = None     # why the group can no longer be used (a timed-out request may still be pending)
+  pending: list[Any] = field(default_factory=list)  # timed-out requests: they hold their buffers, which MPI may still write
+
+
+_GROUP: _Group | None = None
+
+
+def _launched() -> bool: return any(os.environ.get(k) for k in _LAUNCHER_ENV)
+
+
+def init(min_world_size: int = 1, timeout: float | None = None) -> _Group:
+  """Join the process group (once; later calls only check `min_world_size`). Under an MPI launcher this initializes MPI
+  through mpi4py; without one the process is a world of one. `min_world_size` > 1 makes a program that needs several
+  processes refuse to run alone. `timeout` (seconds, 0 = none) overrides PLUGRAD_DIST_TIMEOUT for every collective."""
+  global _GROUP
+  if not isinstance(min_world_size, int) or isinstance(min_world_size, bool) or min_world_size < 1:
+    raise ValueError(f"init: min_world_size must be an int >= 1, got {min_world_size!r}")
+  if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout <= 1e9):
+    raise ValueError(f"init: timeout must be a number of seconds >= 0 (0: no deadline), got {timeout!r}")
+  g = _GROUP
+  if g is None:
+    limit = float(timeout) if timeout is not None else float(getenv("PLUGRAD_DIST_TIMEOUT", DEFAULT_TIMEOUT, minimum=0, maximum=1e9))
+    if limit != limit: raise SettingsError(f"PLUGRAD_DIST_TIMEOUT={os.environ.get('PLUGRAD_DIST_TIMEOUT')!r} is not valid: expected a number >= 0 "
+                                           "(0: no deadline; docs/env-vars.md)")
+    g = _GROUP = _mpi_group(limit) if _launched() else _Group(0, 1, limit)
+  if g.size < min_world_size:
+    how = "launched by mpirun with one process" if g.comm is not None else "not launched by an MPI launcher (a world of one process)"
+    raise DistributedError(f"this program needs at least {min_world_size} processes but was {how}; start it with "
+                           f"`mpirun -np {min_world_size} python {os.path.basename(sys.argv[0]) or 'SCRIPT'} ...` (docs/distributed.md)")
+  return g
+
+
+def _mpi_group(timeout: float) -> _Group:
+  size = next((os.environ[k] for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if os.environ.get(k)), "?")
+  try:
+    from mpi4py import MPI
+  except ImportError as e:
+    raise DistributedError(f"this process was started by an MPI launcher (world size {size}) but mpi4py cannot be imported ({e}); install it "
+                           "with `pip install mpi4py` (or `pip install 'plugrad[mpi]'`) next to an MPI library such as Open MPI "
+                           "(apt-get install openmpi-bin libopenmpi-dev)") from e
+  comm = MPI.COMM_WORLD
+  group = _Group(comm.Get_rank(), comm.Get_size(), timeout, comm, MPI)
+  if group.size > 1: _abort_on_uncaught(group)
+  atexit.register(_at_exit, group)  # after mpi4py's own atexit hook (MPI_Finalize), so it runs before it
+  return group
+
+
+def _abort_on_uncaught(group: _Group) -> None:
+  """An exception that ends one rank ends the job: otherwise MPI_Finalize at its exit waits for peers that wait for it in
+  their next collective (until their deadline). The traceback is printed first, then MPI_Abort stops every rank."""
+  previous = sys.excepthook
+  def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    previous(kind, value, tb)
+    if issubclass(kind, KeyboardInterrupt): return
+    sys.stderr.write(f"plugrad.distributed: rank {group.rank} ended with {kind.__name__}: aborting the MPI job\n")
+    sys.stdout.flush(); sys.stderr.flush()
+    group.comm.Abort(1)
+  sys.excepthook = hook
+
+
+def _at_exit(group: _Group) -> None:
+  # MPI_Finalize would wait forever on a request a dead peer never completes: end the whole job instead
+  if group.broken is not None:
+    sys.stdout.flush()
+    sys.stderr.write(f"plugrad.distributed: rank {group.rank} exits after {group.broken}: aborting the MPI job\n")
+    sys.stderr.flush()
+    group.comm.Abort(1)
+
+
+def _group() -> _Group:
+  g = _GROUP or init()
+  if g.broken is not None: raise DistributedError(f"rank {g.rank}: the process group is unusable since {g.broken}; restart the job")
+  return g
+
+
+def is_initialized() -> bool: return _GROUP is not None
+def rank() -> int: return _group().rank
+def world_size() -> int: return _group().size
+
+
+# ---------------------------------------------------------------- waiting with a deadline
+
+def _wait(g: _Group, reqs: list[Any], what: str) -> None:
+  """Wait for `reqs` (mpi4py requests) until the group's deadline; a timeout leaves the group broken (the requests stay
+  pending in MPI: no later collective could be matched with the peers) and raises DistributedTimeoutError."""
+  if not reqs: return
+  Request = g.mpi.Request
+  if g.timeout == 0:
+    Request.Waitall(reqs)
+    return
+  start = time.monotonic()
+  nap = 1e-4
+  while not Request.Testall(reqs):
+    waited = time.monotonic() - start
+    if waited > g.timeout:
+      g.broken = f"{what} timed out after {g.timeout:g} s"
+      g.pending += reqs
+      raise DistributedTimeoutError(f"rank {g.rank} of {g.size}: {what} did not complete within PLUGRAD_DIST_TIMEOUT={g.timeout:g} s: "
+                                    "another rank died, hangs, or did not call it (the job is aborted when this process exits)")
+    if waited > _NAP_AFTER_S:
+      time.sleep(nap)
+      nap = min(nap * 2, 5e-3)
+    elif waited > _SPIN_S: os.sched_yield()
+
+
+def _agree(g: _Group, what: str) -> None:
+  """Check that every rank is at the same collective with the same arguments (a mismatch would otherwise deadlock, or
+  read the wrong number of bytes): one tiny all-reduce of the description's digest (max of h and of -h)."""
+  g.seq += 1
+  desc = f"#{g.seq} {what}"
+  h = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=7).digest(), "little")
+  mine = np.array([h, -h], np.int64)
+  both = np.empty_like(mine)
+  _wait(g, [g.comm.Iallreduce(mine, both, op=g.mpi.MAX)], f"collective #{g.seq} {what}")
+  if both[0] != -both[1]:
+    # every rank saw the mismatch, so every rank is here: exchange the descriptions to say who differs
+    descs = g.comm.allgather(desc)
+    listing = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descs))
+    raise DistributedError(f"rank {g.rank}: the ranks called different collectives or with different arguments: {listing}")
+
+
+# ---------------------------------------------------------------- host staging
+
+def _check(t: Any, what: str) -> None:
+  if not isinstance(t, Tensor): raise TypeError(f"{what} needs a Tensor, got a {type(t).__name__}")
+  _device(t, what)
+  ints(t.shape, what)
+
+
+def _device(t: Tensor, what: str) -> str:
+  if not isinstance(dev := t.device, str):
+    raise TypeError(f"{what} takes a tensor on one device, got one on {dev}: move it with .to(device) first (sharding across devices "
+                    "in one process is docs/sharding.md's)")
+  return dev
+
+
+def _dtname(dt: DType) -> str: return "bfloat16" if dt is dtypes.bfloat16 else np.dtype(dtypes.to_numpy(dt)).name
+def _describe(t: Tensor) -> str: return f"shape={tuple(t.shape)} dtype={_dtname(t.dtype)}"
+
+
+def _host(t: Tensor) -> memoryview:
+  """The bytes of `t`'s buffer, realized: the device memory itself where its allocator gives host access, else a copy."""
+  c = t.contiguous().realize()
+  u = c.uop if c.uop.op is Ops.BUFFER else c.uop.src[0]
+  return buffer_of(u).ensure_allocated().as_buffer()
+
+
+class _Out:
+  """A new buffer on `device` and a writable byte array MPI receives into: the buffer's own memory where the allocator
+  gives writable host access, else host memory copied in by `tensor()`."""
+  def __init__(self, device: str, shape: tuple[int, ...], dtype: DType):
+    self.shape, self.n = shape, prod(shape)
+    self.u = new_buffer(device, self.n, dtype)
+    self.buf = buffer_of(self.u).allocate() if self.n else None
+    mv = self.buf.as_buffer() if self.buf is not None and self.buf.allocator.supports_memoryview else None
+    self.direct = mv is not None and not mv.readonly
+    self.bytes = np.frombuffer(mv, np.uint8) if mv is not None and self.direct else np.empty(self.n * dtype.itemsize, np.uint8)
+
+  def tensor(self) -> Tensor:
+    if self.buf is not None and not self.direct: self.buf.copyin(self.bytes.data)
+    return Tensor(self.u.reshape(self.shape))
+
+
+# ---------------------------------------------------------------- the collectives
+
+# dtypes MPI reduces natively (the rest go through float32); bool only with the logical ops
+_NATIVE = {dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32,
+           dtypes.uint64, dtypes.bool}
+
+
+def _reduce_plan(t: Tensor, op: str) -> DType:
+  """The dtype the reduction runs in (checking `op` against `t`'s dtype)."""
+  if op not in OPS: raise ValueError(f"all_reduce: op must be one of {', '.join(OPS)}; got {op!r}")
+  if t.dtype is dtypes.bool and op not in ("max", "min"):
+    raise TypeError(f"all_reduce: a bool tensor reduces with op='max' (any rank True) or 'min' (all ranks True), not {op!r}")
+  if op == "mean" and not dtypes.is_float(t.dtype):
+    raise TypeError(f"all_reduce: op='mean' needs a float tensor, got {_dtname(t.dtype)} (reduce with 'sum' and divide as you need)")
+  return t.dtype if t.dtype in _NATIVE else dtypes.float32
+
+
+def _mpi_op(g: _Group, op: str, dt: DType) -> Any:
+  M = g.mpi
+  if dt is dtypes.bool: return M.LOR if op == "max" else M.LAND
+  return {"sum": M.SUM, "mean": M.SUM, "max": M.MAX, "min": M.MIN, "prod": M.PROD}[op]
+
+
+def _copy(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+  """A new buffer with `t`'s values (a world of one: what each collective gives back; never an alias of `t`'s buffer)."""
+  out = _Out(_device(t, "a collective"), shape, t.dtype)
+  if out.n: out.bytes[:] = np.frombuffer(_host(t), np.uint8)
+  return out.tensor()
+
+
+def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
+  """The element-wise reduction of `t` over every rank (`op`: sum, mean, max, min or prod), the same on every rank: a new
+  tensor of `t`'s shape, dtype and device. float16 and bfloat16 are reduced in float32 and rounded once; 'mean' needs a
+  float tensor; a bool tensor takes 'max' (logical or) or 'min' (logical and)."""
+  return all_reduce_many([t], op)[0]
+
+
+def all_reduce_many(ts: Sequence[Tensor], op: str = "sum", what: str | None = None) -> list[Tensor]:
+  """all_reduce of several tensors at once: one agreement check, every reduction in flight together (`what` names them
+  in errors). The data-parallel wrapper reduces its gradient buckets this way."""
+  if not isinstance(ts, (list, tuple)): raise TypeError(f"all_reduce_many needs a list of Tensors, got a {type(ts).__name__}")
+  for t in ts: _check(t, "all_reduce")
+  works = [_reduce_plan(t, op) for t in ts]
+  g = _group()
+  shapes = [ints(t.shape, 'all_reduce') for t in ts]
+  if g.comm is None: return [_copy(t, shape) for t, shape in zip(ts, shapes)]
+  what = what or f"all_reduce(op={op}, {', '.join(_describe(t) for t in ts)})"
+  _agree(g, what)
+  reqs, finish = [], []
+  for t, shape, work in zip(ts, shapes, works):
+    mop = _mpi_op(g, op, work)
+    if work is t.dtype:  # straight from the tensor's buffer into the result's
+      out = _Out(_device(t, "all_reduce"), shape, t.dtype)
+      recv = out.bytes.view(dtypes.to_numpy(work))
+      if out.n: reqs.append(g.comm.Iallreduce(np.frombuffer(_host(t), recv.dtype), recv, op=mop))
+      finish.append((recv, out.tensor))
+    else:  # float16 / bfloat16: reduced in float32, rounded back once
+      send = t.float().numpy().reshape(-1)
+      res = np.empty_like(send)
+      if send.size: reqs.append(g.comm.Iallreduce(send, res, op=mop))
+      finish.append((res, _rounded(res, t, shape)))
+  _wait(g, reqs, what)
+  if op == "mean":
+    for arr, _ in finish: np.divide(arr, g.size, out=arr)
+  return [make() for _, make in finish]
+
+
+def _rounded(res: np.ndarray, t: Tensor, shape: tuple[int, ...]) -> Callable[[], Tensor]:
+  return lambda: Tensor(res.reshape(shape), device=t.device).cast(t.dtype).realize()
+
+
+def all_gather(t: Tensor, axis: int = 0) -> Tensor:
+  """Every rank's `t` concatenated along `axis` in rank order (a 0-d `t`: stacked into shape (world_size,)). All ranks
+  must pass tensors of one shape and dtype."""
+  _check(t, "all_gather")
+  if not isinstance(axis, int) or isinstance(axis, bool): raise TypeError(f"all_gather: axis must be an int, got {axis!r}")
+  shape = ints(t.shape, 'all_gather')
+  nd = max(len(shape), 1)
+  if not -nd <= axis < nd: raise ValueError(f"all_gather: axis {axis} is out of range for a tensor of shape {shape}")
+  axis %= nd
+  g = _group()
+  if g.comm is None: return _copy(t, shape or (1,))
+  what = f"all_gather(axis={axis}, {_describe(t)})"
+  _agree(g, what)
+  out = _Out(_device(t, "all_gather"), (g.size, *shape), t.dtype)
+  if out.n: _wait(g, [g.comm.Iallgather(np.frombuffer(_host(t), np.uint8), out.bytes)], what)
+  stacked = out.tensor()
+  if not shape or axis == 0: return stacked.reshape(g.size * (shape[0] if shape else 1), *shape[1:])
+  # (world, *shape) in rank order: the world axis moved next to `axis` and merged with it
+  moved = stacked.permute(*range(1, axis + 1), 0, *range(axis + 1, len(shape) + 1))
+  return moved.reshape(*shape[:axis], g.size * shape[axis], *shape[axis + 1:])
+
+
+def broadcast(t: Tensor, src: int = 0) -> Tensor:
+  """Rank `src`'s `t` on every rank (a new tensor); the other ranks' `t` gives the shape and dtype and must match it."""
+  _check(t, "broadcast")
+  g = _group()
+  if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < g.size:
+    raise ValueError(f"broadcast: src must be a rank in [0, {g.size}), got {src!r}")
+  shape = ints(t.shape, 'broadcast')
+  if g.comm is None: return _copy(t, shape)
+  what = f"broadcast(src={src}, {_describe(t)})"
+  _agree(g, what)
+  out = _Out(_device(t, "broadcast"), shape, t.dtype)
+  if out.n:
+    if g.rank == src: out.bytes[:] = np.frombuffer(_host(t), np.uint8)
+    _wait(g, [g.comm.Ibcast(out.bytes, root=src)], what)
+  return out.tensor()
+
+
+def barrier() -> None:
+  """Return once every rank has called barrier() (or raise DistributedTimeoutError after the deadline)."""
+  g = _group()
+  # the agreement check is an all-reduce, which no rank leaves before every rank has entered it: it is the barrier, and
+  # it also catches a rank that called another collective
+  if g.comm is not None: _agree(g, "barrier()")
