@@ -9,12 +9,13 @@ same weights (random, GPT-2's initialization), same prompt, greedy decoding, sam
   GB/s      weight bytes read per decode step (every matrix once: the embedding is a gather, GPT-2's LM head is wte)
             / plugrad's decode time, against a STREAM triad measured in the same run (bench/stream_triad.c)
 
-  python bench/llm.py [--models gpt2,llama] [--batch 1,8] [--dtypes float32,bfloat16] [--tokens 32] [--prompt-len 32]
+  python bench/llm.py [--models gpt2,llama] [--batch 1,8] [--dtypes float32,bfloat16,int8] [--tokens 32] [--prompt-len 32]
                       [--threads N] [--quick]
 
 The models: gpt2 is GPT-2 small (12 layers, d768, 12 heads, vocab 50257); llama a ~100M LLaMA-style config (12 layers,
 d768, 12 heads / 4 kv heads, SwiGLU 2048, vocab 32000). bfloat16 stores the weights in bfloat16 (plugrad computes in
-float32; PyTorch and Hugging Face run in bfloat16). A first check decodes the same tokens with each framework at float32
+float32; PyTorch and Hugging Face run in bfloat16); int8 (not in the default list) is plugrad's int8 weight-only model
+(examples/llm.py --quantize int8: int8 rows, a float32 scale per row) next to the peers in float32. A first check decodes the same tokens with each framework at float32
 and prints how many agree. --quick shrinks every shape (a smoke test of the script, not a benchmark).
 """
 from __future__ import annotations
@@ -218,25 +219,27 @@ def cell(a: argparse.Namespace, name: str, dt: str, B: int, triad: float | None)
   w = llm.random_weights(c, 0)
   rng = np.random.default_rng(1)
   prompt = rng.integers(0, min(c.vocab, 256), (B, T))
-  model = llm.Transformer(c, {k: Tensor(v).cast(getattr(dtypes, dt)) for k, v in w.items()}, B)
+  # int8: weight-only int8 rows with float32 scales (examples/llm.py --quantize int8); its peers run in float32
+  quant, store = ("int8", "float32") if dt == "int8" else (None, dt)
+  model = llm.Transformer(c, {k: Tensor(v).cast(getattr(dtypes, store)) for k, v in w.items()}, B, quantize=quant)
   st = time.perf_counter()
   model(prompt, 0)
   first = time.perf_counter() - st
   model(prompt, 0)  # the prefill's JIT captures on its second call: the warm figure (in generate) is a replay
   got, warm, steps = llm.generate(model, prompt.tolist(), n)
   dec = float(np.median(steps[2:]))
-  gbs = weight_bytes(c, 4 if dt == "float32" else 2) / dec / 1e9
+  gbs = weight_bytes(c, {"float32": 4, "int8": 1}.get(dt, 2)) / dec / 1e9
   line = (f"{name:<5} {dt:<8} batch {B}: plugrad prefill {first:6.2f} s first, {warm * 1e3:7.1f} ms warm; decode {dec * 1e3:7.2f} ms/token "
           f"({B / dec:6.1f} tok/s, {gbs:5.1f} GB/s{f', {gbs / triad:.2f}x triad' if isinstance(triad, float) else ''})")
   if have_torch:
-    tstep = torch_decoder(c, w, B, dt)
+    tstep = torch_decoder(c, w, B, store)
     torch_generate(tstep, prompt, 3)  # warm-up
     tg, tpre, tsteps = torch_generate(tstep, prompt, n)
     tdec = float(np.median(tsteps[2:]))
     line += f" | torch loop prefill {tpre * 1e3:7.1f} ms, decode {tdec * 1e3:7.2f} ms ({dec / tdec:.2f}x)"
     if dt == "float32": line += f", tokens agree {int((tg == got).sum())}/{got.size}"
   if have_hf:
-    hg, hpre, hdec = hf_generate(hf_model(c, w, dt), prompt, n)
+    hg, hpre, hdec = hf_generate(hf_model(c, w, store), prompt, n)
     line += f" | HF generate prefill {hpre * 1e3:7.1f} ms, decode {hdec * 1e3:7.2f} ms ({dec / hdec:.2f}x)"
     if dt == "float32": line += f", tokens agree {int((hg == got).sum())}/{got.size}"
   print(line, flush=True)

@@ -112,11 +112,23 @@ class Transformer:
   """A decoder over state dict `w` (Tensors, any float dtype: computed in float32). `__call__(tokens, start_pos)` runs
   tokens (B, T) at positions start_pos.. start_pos+T-1 through every layer, writing their keys and values into the
   caches, and returns the last position's logits (B, vocab) in float32."""
-  def __init__(self, c: Config, w: dict[str, Tensor], batch: int, device: str | None = None):
+  def __init__(self, c: Config, w: dict[str, Tensor], batch: int, device: str | None = None, quantize: str | None = None):
     self.c, self.batch = c, batch
     # GPT-2's Conv1D matrices are stored (in, out); kept here as (out, in), so that a decode step's matrix-vector
     # products read each output's weights as one contiguous row (a column walk strides a page per element: 5x slower)
     self.w = {k: (v.T.contiguous() if k.endswith(_CONV1D) else v).to(device).realize() for k, v in w.items()}
+    if quantize not in (None, "int8"): raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    # int8 weight-only: each matrix (out, in) as int8 rows and one float32 scale per row (symmetric, max |w| -> 127), a
+    # quarter of float32's bytes, which is what a decode step's time is made of; the rows are dequantized in the kernels
+    # that read them (the scale applied once per output of a matmul, after its reduction)
+    self.scales: dict[str, Tensor] = {}
+    if quantize == "int8":
+      for k, v in list(self.w.items()):
+        if len(v.shape) != 2 or k.endswith("wpe.weight"): continue
+        a = v.float().numpy()
+        s = np.maximum(np.abs(a).max(axis=1), 1e-12) / 127
+        self.w[k] = Tensor(np.clip(np.rint(a / s[:, None]), -127, 127).astype(np.int8), device=device).realize()
+        self.scales[k] = Tensor(s.astype(np.float32), device=device).realize()
     dt = dtypes.float32
     self.caches = [(Tensor.zeros(batch, c.n_kv, c.max_ctx, c.head_dim, dtype=dt, device=device).contiguous().realize(),
                     Tensor.zeros(batch, c.n_kv, c.max_ctx, c.head_dim, dtype=dt, device=device).contiguous().realize()) for _ in range(c.layers)]
@@ -129,7 +141,19 @@ class Transformer:
 
   PREFILL_JITS = 4  # prefill captures kept (each holds its kernels and its intermediate buffers)
 
-  def W(self, name: str) -> Tensor: return self.w[name].float()  # a cast fused into the consumer: reads the stored dtype
+  def W(self, name: str) -> Tensor:
+    """Weight `name` in float32: a cast fused into the consumer, which reads the stored dtype (int8 rows times their scales)."""
+    w = self.w[name].float()
+    return w * self.scales[name].reshape(-1, 1) if name in self.scales else w
+
+  def mm(self, x: Tensor, name: str) -> Tensor:
+    """x @ W(name).T, an int8 matrix's scales applied to the outputs rather than to every weight."""
+    if name not in self.scales: return x @ self.W(name).T
+    return (x @ self.w[name].float().T) * self.scales[name]
+
+  def embed(self, name: str, tokens: Tensor) -> Tensor:
+    if name not in self.scales: return self.W(name)[tokens]
+    return self.w[name].float()[tokens] * self.scales[name][tokens].unsqueeze(-1)
 
   def _attention(self, i: int, q: Tensor, k: Tensor, v: Tensor, sp: int | Variable, T: int) -> Tensor:
     ck, cv = self.caches[i]
@@ -148,39 +172,39 @@ class Transformer:
     if c.kind == "gpt2":
       p = f"h.{i}."
       h = _norm(x, self.W(p + "ln_1.weight"), self.W(p + "ln_1.bias"), c.norm_eps)
-      qkv = h @ self.W(p + "attn.c_attn.weight").T + self.W(p + "attn.c_attn.bias")
+      qkv = self.mm(h, p + "attn.c_attn.weight") + self.W(p + "attn.c_attn.bias")
       # computed once: the cache writes realize k and v now, and would each recompute their part of the projection
       q, k, v = (heads(t, c.heads) for t in qkv.realize().chunk(3, dim=-1))
       a = self._attention(i, q, k, v, sp, T).transpose(1, 2).reshape(B, T, c.dim)
-      x = x + a @ self.W(p + "attn.c_proj.weight").T + self.W(p + "attn.c_proj.bias")
-      h = _norm(x, self.W(p + "ln_2.weight"), self.W(p + "ln_2.bias"), c.norm_eps) @ self.W(p + "mlp.c_fc.weight").T + self.W(p + "mlp.c_fc.bias")
-      return x + h.gelu() @ self.W(p + "mlp.c_proj.weight").T + self.W(p + "mlp.c_proj.bias")
+      x = x + self.mm(a, p + "attn.c_proj.weight") + self.W(p + "attn.c_proj.bias")
+      h = self.mm(_norm(x, self.W(p + "ln_2.weight"), self.W(p + "ln_2.bias"), c.norm_eps), p + "mlp.c_fc.weight") + self.W(p + "mlp.c_fc.bias")
+      return x + self.mm(h.gelu(), p + "mlp.c_proj.weight") + self.W(p + "mlp.c_proj.bias")
     p = f"model.layers.{i}."
     h = _norm(x, self.W(p + "input_layernorm.weight"), None, c.norm_eps)
-    q = heads(h @ self.W(p + "self_attn.q_proj.weight").T, c.heads)
-    k = heads((h @ self.W(p + "self_attn.k_proj.weight").T).realize(), c.n_kv)
-    v = heads((h @ self.W(p + "self_attn.v_proj.weight").T).realize(), c.n_kv)
+    q = heads(self.mm(h, p + "self_attn.q_proj.weight"), c.heads)
+    k = heads(self.mm(h, p + "self_attn.k_proj.weight").realize(), c.n_kv)
+    v = heads(self.mm(h, p + "self_attn.v_proj.weight").realize(), c.n_kv)
     cos, sin = self.cos[sp:sp + T].reshape(1, 1, T, hd), self.sin[sp:sp + T].reshape(1, 1, T, hd)
     def rope(t: Tensor) -> Tensor: return t * cos + Tensor.cat(-t[..., hd // 2:], t[..., :hd // 2], dim=-1) * sin
     a = self._attention(i, rope(q), rope(k), v, sp, T).transpose(1, 2).reshape(B, T, c.heads * hd)
-    x = x + a @ self.W(p + "self_attn.o_proj.weight").T
+    x = x + self.mm(a, p + "self_attn.o_proj.weight")
     h = _norm(x, self.W(p + "post_attention_layernorm.weight"), None, c.norm_eps)
     # the gate on its own: fused with the up projection, two reductions share one kernel that the optimizer cannot tile
     # (a LLaMA prefill spent 1.3 s of its 1.4 s per layer there)
-    gate = (h @ self.W(p + "mlp.gate_proj.weight").T).contiguous()
-    return x + (gate.silu() * (h @ self.W(p + "mlp.up_proj.weight").T)) @ self.W(p + "mlp.down_proj.weight").T
+    gate = self.mm(h, p + "mlp.gate_proj.weight").contiguous()
+    return x + self.mm(gate.silu() * self.mm(h, p + "mlp.up_proj.weight"), p + "mlp.down_proj.weight")
 
   def _step(self, tokens: Tensor, sp: int | Variable, pick: int | Variable | None = -1) -> Tensor:
     """The logits at position `pick` of `tokens` (B, T) placed at sp (a bound Variable picks per call), or at every
     position when `pick` is None."""
     c = self.c
     T = int(tokens.shape[1])
-    if c.kind == "gpt2": x = self.W("wte.weight")[tokens] + self.W("wpe.weight")[sp:sp + T]
-    else: x = self.W("model.embed_tokens.weight")[tokens]
+    if c.kind == "gpt2": x = self.embed("wte.weight", tokens) + self.W("wpe.weight")[sp:sp + T]
+    else: x = self.embed("model.embed_tokens.weight", tokens)
     for i in range(c.layers): x = self._layer(i, x, sp, T).realize()  # the cache writes realize each layer: keep the graph one layer deep
     if pick is not None: x = x[:, pick, :]
-    if c.kind == "gpt2": return (_norm(x, self.W("ln_f.weight"), self.W("ln_f.bias"), c.norm_eps) @ self.W("wte.weight").T).contiguous()
-    return (_norm(x, self.W("model.norm.weight"), None, c.norm_eps) @ self.W("lm_head.weight").T).contiguous()
+    if c.kind == "gpt2": return self.mm(_norm(x, self.W("ln_f.weight"), self.W("ln_f.bias"), c.norm_eps), "wte.weight").contiguous()
+    return self.mm(_norm(x, self.W("model.norm.weight"), None, c.norm_eps), "lm_head.weight").contiguous()
 
   def bucket(self, T: int) -> int:
     """The padded length a prompt of T tokens is run at: the next power of two up to 64, then of 64, within the context.
@@ -256,11 +280,11 @@ def generate(model: Transformer, prompt: list[list[int]], n: int, temperature: f
   return np.stack(out, 1), prefill, steps
 
 
-def recomputed(c: Config, w: dict[str, Tensor], prompt: list[list[int]], got: np.ndarray) -> np.ndarray:
+def recomputed(c: Config, w: dict[str, Tensor], prompt: list[list[int]], got: np.ndarray, quantize: str | None = None) -> np.ndarray:
   """The greedy choice at every position of prompt + got[:, :-1] from one pass over the whole sequence in a fresh model
   (no cache reads: causal attention over the sequence itself): what cached decoding must have produced."""
   seq = np.concatenate([np.array(prompt, np.int64), got[:, :-1]], 1)
-  m = Transformer(c, w, seq.shape[0])
+  m = Transformer(c, w, seq.shape[0], quantize=quantize)
   logits = m._step(Tensor(seq.astype(np.int32)), 0, None).numpy()
   return logits.argmax(-1)[:, len(prompt[0]) - 1:]
 
@@ -300,6 +324,7 @@ def main() -> int:
   ap.add_argument("--layers", type=int); ap.add_argument("--dim", type=int); ap.add_argument("--heads", type=int)
   ap.add_argument("--kv-heads", type=int); ap.add_argument("--vocab", type=int); ap.add_argument("--ctx", type=int)
   ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="the weights' storage dtype (computed in float32)")
+  ap.add_argument("--quantize", choices=("int8",), help="int8 weight-only: every matrix as int8 rows with a float32 scale per row")
   ap.add_argument("--tokenizer", help="a tokenizer.json for the `tokenizers` package; byte-level tokens without it")
   ap.add_argument("--prompt", default="The quick brown fox")
   ap.add_argument("--max-new", type=int, default=32)
@@ -319,8 +344,8 @@ def main() -> int:
   tok = Tokenizer(a.tokenizer)
   ids = tok.encode(a.prompt)
   if max(ids) >= c.vocab: raise SystemExit(f"the prompt's token ids go up to {max(ids)}, past the vocabulary of {c.vocab}")
-  model = Transformer(c, w, a.batch)
-  print(f"{c.kind}: {c.layers} layers, d{c.dim}, {c.heads} heads ({c.n_kv} kv), vocab {c.vocab}, {a.dtype} weights, batch {a.batch}")
+  model = Transformer(c, w, a.batch, quantize=a.quantize)
+  print(f"{c.kind}: {c.layers} layers, d{c.dim}, {c.heads} heads ({c.n_kv} kv), vocab {c.vocab}, {a.quantize or a.dtype} weights, batch {a.batch}")
   sys.stdout.write(a.prompt)
   def stream(t: np.ndarray) -> None:
     sys.stdout.write(tok.decode([int(t[0])]))

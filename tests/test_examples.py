@@ -84,6 +84,33 @@ def test_llm_jitted_prefill_serves_every_length_of_its_bucket(kind):
   assert (got == llm.recomputed(c, w, prompt.tolist(), got)).all()
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_llm_int8_weight_only(kind):
+  """--quantize int8: every matrix stored as int8 rows (a quarter of float32's bytes) with a float32 scale per row; the
+  logits stay within the rounding of the weights (half a step of each row's scale), cached jitted decoding gives the
+  tokens a full pass of the same int8 model does, and the embeddings are looked up through the same rows."""
+  import numpy as np
+
+  from plugrad import Tensor, dtypes
+  llm = _llm_module()
+  c = llm.SMOKE[kind]
+  w = {k: Tensor(v * (20.0 if v.ndim == 2 else 1.0)) for k, v in llm.random_weights(c, 4).items()}
+  m8, mf = llm.Transformer(c, w, 2, quantize="int8"), llm.Transformer(c, w, 2)
+  mats = [k for k, v in mf.w.items() if len(v.shape) == 2 and not k.endswith("wpe.weight")]
+  assert mats and all(m8.w[k].dtype is dtypes.int8 and k in m8.scales for k in mats)
+  for k in mats[:3]:  # the dequantized rows are the weights to within half a step
+    step = m8.scales[k].numpy()[:, None]
+    assert (np.abs(m8.W(k).numpy() - mf.W(k).numpy()) <= step / 2 + 1e-6).all()
+  toks = np.random.default_rng(1).integers(0, c.vocab, (2, 7))
+  # the int8 model computes what a float32 model with the dequantized weights computes (the scales after the reductions)
+  for k in mats: mf.w[k] = m8.W(k).realize()
+  np.testing.assert_allclose(m8(toks, 0), mf(toks, 0), rtol=2e-4, atol=2e-4)
+  prompt = toks[:, :5].tolist()
+  got, _, _ = llm.generate(m8, prompt, 6)
+  assert (got == llm.recomputed(c, w, prompt, got, quantize="int8")).all()
+  with pytest.raises(ValueError, match="quantize must be None or 'int8'"): llm.Transformer(c, w, 2, quantize="int4")
+
+
 def test_llm_loads_a_gpt2_safetensors_and_samples(tmp_path):
   """A GPT-2 state dict in Hugging Face's names (`transformer.` prefix, Conv1D layouts) from a safetensors file,
   temperature/top-k/top-p sampling, streamed text and the tokens/s line."""
