@@ -131,7 +131,9 @@ def test_200k_tensors_are_refused_in_bounded_time_and_memory(tmp_path: Path, esc
     with pytest.raises(StateFileError, match=f"more than {formats.MAX_TENSORS} tensors"): safe_load(path)
     _, peak = tracemalloc.get_traced_memory()
   finally: tracemalloc.stop()
-  assert time.perf_counter() - st < 10 and peak < 200 << 20, (time.perf_counter() - st, peak)
+  # the memory is what tells a bounded parse from the unbounded one (350 MB); the time only guards against a hang (a
+  # loaded 2-core machine took 21 s for the bounded parse under tracemalloc, an idle one well under 10)
+  assert time.perf_counter() - st < 60 and peak < 200 << 20, (time.perf_counter() - st, peak)
 
 
 def test_a_giant_header_is_refused_without_reading_it(tmp_path: Path):
