@@ -14,9 +14,10 @@ same weights (random, GPT-2's initialization), same prompt, greedy decoding, sam
 
 The models: gpt2 is GPT-2 small (12 layers, d768, 12 heads, vocab 50257); llama a ~100M LLaMA-style config (12 layers,
 d768, 12 heads / 4 kv heads, SwiGLU 2048, vocab 32000). bfloat16 stores the weights in bfloat16 (plugrad computes in
-float32; PyTorch and Hugging Face run in bfloat16); int8 (not in the default list) is plugrad's int8 weight-only model
-(examples/llm.py --quantize int8: int8 rows, a float32 scale per row) next to the peers in float32. A first check decodes the same tokens with each framework at float32
-and prints how many agree. --quick shrinks every shape (a smoke test of the script, not a benchmark).
+float32; PyTorch and Hugging Face run in bfloat16); int8 (not in the default list) is plugrad's int8 weight-only
+model (examples/llm.py --quantize int8: int8 rows, a float32 scale per row) next to the peers in float32. A first
+check decodes the same tokens with each framework at float32 and prints how many agree. --quick shrinks every shape
+(a smoke test of the script, not a benchmark).
 """
 from __future__ import annotations
 

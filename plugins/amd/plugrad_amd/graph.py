@@ -11,8 +11,8 @@ Each node carries its arguments as a packed kernarg buffer (`extra` = HIP_LAUNCH
 `Kernargs` the direct launch uses), one per node, kept alive by the runner and updated in place.
 
 Building once and patching per replay is the core's `DriverGraphRunner` (with `GraphPlan`, `GraphLaunch`,
-`graph_topology`); `HIPGraph` makes the HIP calls, so the logic is tested without a driver (plugins/amd/tests). Edges: the GraphRunner base's `deps` (read after
-write, write after read, write after write).
+`graph_topology`); `HIPGraph` makes the HIP calls, so the logic is tested without a driver (plugins/amd/tests).
+Edges: the GraphRunner base's `deps` (read after write, write after read, write after write).
 
 UNVERIFIED (no AMD GPU on this project's machines): the HIP half has never run against HIP; plugins/amd/tests drives
 it through a stand-in library that records the nodes, dependencies and patches (amd_fake_hip.py there).

@@ -7,8 +7,8 @@ instantiated again only when its topology changes: a symbolic launch size of 0 r
 launch an empty grid), so the set of nodes differs.
 
 Building once and patching per replay is the core's `DriverGraphRunner` (with `GraphPlan`, `GraphLaunch`,
-`graph_topology`); `CUDAGraph` makes the driver calls, so the logic is unit-tested without a GPU. Edges: the GraphRunner base's `deps` (read after write, write
-after read, write after write).
+`graph_topology`); `CUDAGraph` makes the driver calls, so the logic is unit-tested without a GPU. Edges: the
+GraphRunner base's `deps` (read after write, write after read, write after write).
 
 UNVERIFIED HERE (no GPU on the development machine): the driver half runs only on a GPU machine
 (bench/gpu/cuda_check.sh runs the conformance suite's graph tests and times replays).
