@@ -51,6 +51,7 @@ class Result:
   ops: tuple[str, ...]
   status: str  # passed, failed, unsupported (UnsupportedOnnxOpError or UnsupportedDTypeError: a clear refusal), excluded
   why: str = ""
+  domain: str = "ai.onnx"  # the operator set of the case's op (its last node)
 
 
 @dataclass
@@ -70,7 +71,13 @@ class Summary:
     lines = [f"onnx node tests: {p} passed, {f} failed, {u} unsupported, {x} excluded of {n} cases in {self.seconds:.0f} s: "
              f"{100 * p / max(n, 1):.1f}% of all, {100 * p / max(n - x, 1):.1f}% of those not excluded"]
     ops = collections.Counter(r.ops[-1] for r in self.results if r.status == "unsupported")
-    lines.append("  unsupported: " + ", ".join(f"{o} {c}" for o, c in ops.most_common()))
+    lines.append("  unsupported: " + (", ".join(f"{o} {c}" for o, c in ops.most_common()) or "none"))
+    domains: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for r in self.results: domains[r.domain][r.status] += 1
+    def rate(c: collections.Counter[str]) -> str:
+      n_in = c.total() - c["excluded"]
+      return f"{100 * c['passed'] / c.total():.1f}%, {100 * c['passed'] / n_in:.1f}% of the {n_in} not excluded" if n_in else "all excluded"
+    lines.append("  per domain: " + "; ".join(f"{d} {c['passed']} of {c.total()} ({rate(c)})" for d, c in sorted(domains.items())))
     reasons = collections.Counter(r.why for r in self.results if r.status == "excluded")
     lines += [f"  excluded {c}: {why}" for why, c in reasons.most_common()]
     return "\n".join(lines)
@@ -82,58 +89,83 @@ class Summary:
     return "\n".join(rows)
 
 
-def _load(pb: Path) -> Any:
+def _load(pb: Path, tp: Any) -> Any:
+  """A test's input or output file as the runner feeds it: a numpy array (TensorProto), a list of them (SequenceProto), or
+  None or the value (OptionalProto), by the graph's declared type `tp` (as onnx's backend runner reads them)."""
   import onnx
   from onnx import numpy_helper
-  t = onnx.TensorProto()
-  t.ParseFromString(pb.read_bytes())
-  return t, numpy_helper.to_array(t)
+  kind = tp.WhichOneof("value")
+  proto = {"sequence_type": onnx.SequenceProto, "optional_type": onnx.OptionalProto}.get(kind, onnx.TensorProto)()
+  proto.ParseFromString(pb.read_bytes())
+  if kind == "sequence_type": return numpy_helper.to_list(proto)
+  if kind == "optional_type": return numpy_helper.to_optional(proto)
+  return numpy_helper.to_array(proto)
 
 
-def _types_in(model: Any) -> set[int]:
-  out = set()
-  for vi in [*model.graph.input, *model.graph.output]:
-    if vi.type.HasField("tensor_type"): out.add(vi.type.tensor_type.elem_type)
-    else: out.add(-1)
-  return out
+def _elem_types(tp: Any) -> set[int]:
+  """The element types in a value's type (through sequences and optionals); -1 for a map or a sparse tensor."""
+  kind = tp.WhichOneof("value")
+  if kind == "tensor_type": return {tp.tensor_type.elem_type}
+  if kind in ("sequence_type", "optional_type"): return _elem_types(getattr(tp, kind).elem_type)
+  return {-1}
+
+
+def _types_in(model: Any) -> set[int]: return {t for vi in [*model.graph.input, *model.graph.output] for t in _elem_types(vi.type)}
+
+
+def _mismatch(name: str, got: Any, ref: Any) -> str | None:
+  """Why output `name` differs from the reference (None when it matches): a sequence element by element, an optional
+  empty or not, a tensor's dtype and shape equal and its values within the tolerance (AssertionError)."""
+  from plugrad.dtype import dtypes
+  from plugrad.tensor import Tensor
+  if ref is None or got is None:
+    return None if ref is None and got is None else f"{name}: {'an empty optional' if got is None else 'a value'}, expected the other"
+  if isinstance(ref, list):
+    if not isinstance(got, list): return f"{name}: a {type(got).__name__}, expected a sequence"
+    if len(got) != len(ref): return f"{name}: a sequence of {len(got)}, expected {len(ref)}"
+    return next((m for i, (g, r) in enumerate(zip(got, ref)) if (m := _mismatch(f"{name}[{i}]", g, r)) is not None), None)
+  if not isinstance(got, Tensor): return f"{name}: a {type(got).__name__}, expected a tensor"
+  arr = got.float().numpy() if got.dtype == dtypes.bfloat16 else got.numpy()  # numpy has no bfloat16: compare in float32
+  if ref.dtype.name == "bfloat16" and got.dtype == dtypes.bfloat16: ref = ref.astype(np.float32)
+  if arr.dtype != ref.dtype: return f"{name}: dtype {arr.dtype}, expected {ref.dtype}"
+  if arr.shape != ref.shape: return f"{name}: shape {arr.shape}, expected {ref.shape}"
+  if ref.dtype.kind in "fc": np.testing.assert_allclose(arr, ref, rtol=1e-3, atol=1e-7)
+  else: np.testing.assert_array_equal(arr, ref)
+  return None
 
 
 def run_case(case_dir: Path, device: str | None = None) -> Result:
   import onnx
 
-  from plugrad.dtype import dtypes
   from plugrad.errors import UnsupportedDTypeError
   from plugrad.onnx import OnnxModel, UnsupportedOnnxOpError
   model = onnx.load(str(case_dir / "model.onnx"))
   ops = tuple(n.op_type for n in model.graph.node)
-  if case_dir.name in EXCLUDED_CASES: return Result(case_dir.name, ops, "excluded", EXCLUDED_CASES[case_dir.name])
+  domain = (model.graph.node[-1].domain if model.graph.node else "") or "ai.onnx"
+  def result(status: str, why: str = "") -> Result: return Result(case_dir.name, ops, status, why, domain)
+  if case_dir.name in EXCLUDED_CASES: return result("excluded", EXCLUDED_CASES[case_dir.name])
   for n in model.graph.node:
-    if n.domain in EXCLUDED_DOMAINS: return Result(case_dir.name, ops, "excluded", EXCLUDED_DOMAINS[n.domain])
-    if n.op_type in EXCLUDED_OPS: return Result(case_dir.name, ops, "excluded", EXCLUDED_OPS[n.op_type])
+    if n.domain in EXCLUDED_DOMAINS: return result("excluded", EXCLUDED_DOMAINS[n.domain])
+    if n.op_type in EXCLUDED_OPS: return result("excluded", EXCLUDED_OPS[n.op_type])
   types = _types_in(model)
-  if -1 in types: return Result(case_dir.name, ops, "excluded", "sequence or optional values (not tensors)")
+  if -1 in types: return result("excluded", "map or sparse-tensor values")
   for t in types:
-    if t in EXCLUDED_TYPES: return Result(case_dir.name, ops, "excluded", EXCLUDED_TYPES[t])
+    if t in EXCLUDED_TYPES: return result("excluded", EXCLUDED_TYPES[t])
   try:
     m = OnnxModel(model, device)
+    def files(data: Path, kind: str, vis: Any) -> list[Any]:
+      pbs = sorted(data.glob(f"{kind}_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+      return [_load(p, vi.type) for p, vi in zip(pbs, vis)]
     for data in sorted(case_dir.glob("test_data_set_*")):
-      inputs = [_load(p)[1] for p in sorted(data.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
-      expected = [_load(p)[1] for p in sorted(data.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
-      feed = dict(zip([s.name for s in m.inputs], inputs))
-      outs = m(**feed)
-      for name, ref in zip(m.outputs, expected):
-        t = outs[name]
-        got = t.float().numpy() if t.dtype == dtypes.bfloat16 else t.numpy()  # numpy has no bfloat16: compare in float32
-        if ref.dtype.name == "bfloat16" and t.dtype == dtypes.bfloat16: ref = ref.astype(np.float32)
-        if got.dtype != ref.dtype: return Result(case_dir.name, ops, "failed", f"{name}: dtype {got.dtype}, expected {ref.dtype}")
-        if got.shape != ref.shape: return Result(case_dir.name, ops, "failed", f"{name}: shape {got.shape}, expected {ref.shape}")
-        if ref.dtype.kind in "fc": np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-7)
-        else: np.testing.assert_array_equal(got, ref)
+      feed = dict(zip([vi.name for vi in model.graph.input], files(data, "input", model.graph.input)))
+      outs = m(**{s.name: feed[s.name] for s in m.inputs})
+      for name, ref in zip(m.outputs, files(data, "output", model.graph.output)):
+        if (why := _mismatch(name, outs[name], ref)) is not None: return result("failed", why)
   except Exception as e:
     msg = " ".join(f"{type(e).__name__}: {e}".split())
     refused = isinstance(e, (UnsupportedOnnxOpError, UnsupportedDTypeError))  # typed refusals naming the op or the dtype
-    return Result(case_dir.name, ops, "unsupported" if refused else "failed", msg[:300])
-  return Result(case_dir.name, ops, "passed")
+    return result("unsupported" if refused else "failed", msg[:300])
+  return result("passed")
 
 
 def cases(filter_: str = "", expanded: bool = False) -> list[Path]:

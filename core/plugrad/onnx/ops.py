@@ -16,13 +16,25 @@ from plugrad.onnx.dtypes import dtype_of
 from plugrad.onnx.errors import OnnxError, UnsupportedOnnxOpError
 from plugrad.tensor import Tensor
 
-OpFn = Callable[..., "Tensor | tuple[Tensor | None, ...]"]
+Value = Tensor | list[Tensor] | None  # an ONNX value: a tensor, a sequence of them, or an optional (None when empty)
+OpFn = Callable[..., "Value | np.ndarray | tuple[Value, ...]"]  # an ndarray result is a value known on the host
 OPS: dict[str, OpFn] = {}
+
+
+class HostValues:
+  """Values known on the host, by their Tensor. Each entry keeps its Tensor alive beside the array: keyed by id alone,
+  a Tensor freed mid-run (a Loop's counter) could hand its id to a new Tensor, which would then read a stale value."""
+  def __init__(self, items: dict[int, tuple[Tensor, np.ndarray]] | None = None): self._d = dict(items or {})
+  def put(self, t: Tensor, a: np.ndarray) -> None: self._d[id(t)] = (t, a)
+  def get(self, t: Tensor) -> np.ndarray | None:
+    e = self._d.get(id(t))
+    return e[1] if e is not None and e[0] is t else None
+  def copy(self) -> HostValues: return HostValues(self._d)
 
 
 class Ctx:
   """What an operator knows of its node besides inputs and attributes."""
-  def __init__(self, node: str, opset: int, host: dict[int, np.ndarray], n_outputs: int, device: str):
+  def __init__(self, node: str, opset: int, host: HostValues, n_outputs: int, device: str):
     self.node, self.opset, self.host, self.n_outputs, self.device = node, opset, host, n_outputs, device
 
   # tensors an operator makes go to the model's device
@@ -31,14 +43,14 @@ class Ctx:
   def const(self, a: np.ndarray) -> Tensor:
     """A tensor whose value stays known on the host (shape arithmetic reads it without a device round trip)."""
     t = self.tensor(a)
-    self.host[id(t)] = a
+    self.host.put(t, a)
     return t
   def full(self, shape: Sequence[int], value: Any, dtype: DType) -> Tensor:
     return Tensor.full(tuple(shape), value, dtype=dtype, device=self.device)
 
   def array(self, t: Tensor) -> np.ndarray:
     """The value of a small input (a shape, axes, pads) on the host."""
-    if (a := self.host.get(id(t))) is not None: return a
+    if (a := self.host.get(t)) is not None: return a
     return t.numpy()
 
   def ints(self, t: Tensor | None) -> list[int]:
@@ -989,6 +1001,23 @@ def stft(ctx: Ctx, x: Tensor, step: Tensor, window: Tensor | None = None, frame_
   if window is not None: f = f * window.reshape(1, 1, n, 1)
   return _dft(ctx, f, 2, n, False, bool(onesided) and _sh(x)[-1] == 1)
 
+@op("MelWeightMatrix")
+def mel_weight_matrix(ctx: Ctx, num_mel_bins: Tensor, dft_length: Tensor, sample_rate: Tensor, lower_edge_hertz: Tensor,
+                      upper_edge_hertz: Tensor, output_datatype: int = 1) -> Tensor:
+  """Triangular filters with peak 1, their edges evenly spaced on the mel scale, as (dft_length // 2 + 1, num_mel_bins)."""
+  n_mel, n_fft, rate = int(ctx.scalar(num_mel_bins)), int(ctx.scalar(dft_length)), float(ctx.scalar(sample_rate))
+  def mel(f: float) -> float: return 2595 * math.log10(1 + f / 700)
+  lo, hi = mel(float(ctx.scalar(lower_edge_hertz))), mel(float(ctx.scalar(upper_edge_hertz)))
+  # n_mel + 2 edges at steps of (hi - lo) / (n_mel + 2), as the reference and onnxruntime space them, to whole DFT bins
+  hz = 700 * (10 ** ((np.arange(n_mel + 2) * ((hi - lo) / (n_mel + 2)) + lo) / 2595) - 1)
+  edges = np.floor((n_fft + 1) * hz / rate).astype(np.float32)
+  left, center, right = (ctx.tensor(edges[i:i + n_mel].reshape(1, n_mel)) for i in range(3))
+  j = ctx.arange(n_fft // 2 + 1, dtypes.float32).reshape(-1, 1)
+  rising = (j == center).where(1.0, (j - left) / (center - left).maximum(1))  # 1 at the center (also when left == center)
+  falling = (right - j) / (right - center).maximum(1)
+  w = ((j >= left) & (j <= center)).where(rising, ((j > center) & (j < right)).where(falling, 0.0))
+  return w.cast(dtype_of(output_datatype, ctx.node))
+
 
 # ---- rotary embeddings, quantized products, grids
 
@@ -1308,6 +1337,63 @@ def non_max_suppression(ctx: Ctx, boxes: Tensor, scores: Tensor, max_out: Tensor
       picked += [(n, c, i) for i in chosen]
   return ctx.tensor(np.array(picked, dtype=np.int64).reshape(-1, 3))
 
+@op("RoiAlign")
+def roi_align(ctx: Ctx, x: Tensor, rois: Tensor, batch_indices: Tensor, coordinate_transformation_mode: str | None = None,
+              mode: str = "avg", output_height: int = 1, output_width: int = 1, sampling_ratio: int = 0, spatial_scale: float = 1.0) -> Tensor:
+  """Each roi's (output_height x output_width) bins, each the average (or maximum) of a grid of bilinear samples of x in
+  the bin: the four neighbours of every sample gathered from x, weighted."""
+  # opset 16 added the mode, half_pixel its default; RoiAlign-10 behaves as output_half_pixel
+  ctm = coordinate_transformation_mode or ("half_pixel" if ctx.opset >= 16 else "output_half_pixel")
+  if ctm not in ("half_pixel", "output_half_pixel"): raise ctx.error(f"RoiAlign coordinate_transformation_mode {ctm!r}")
+  if mode not in ("avg", "max"): raise ctx.error(f"RoiAlign mode {mode!r}")
+  _, c, h, w = _sh(x)
+  nr, (ph, pw) = _sh(rois)[0], (output_height, output_width)
+  half = ctm == "half_pixel"
+  box = rois.float() * spatial_scale - (0.5 if half else 0.0)  # (nr, 4): x0, y0, x1, y1 in x's pixels
+  size = box[:, 2:] - box[:, :2]
+  if not half: size = size.maximum(1.0)  # the legacy mode makes a degenerate roi one pixel
+  bins = size / ctx.tensor(np.array([pw, ph], np.float32))
+  if sampling_ratio > 0: grid, gx, gy = ctx.full((nr, 2), sampling_ratio, dtypes.float32), sampling_ratio, sampling_ratio
+  else:
+    # ceil(bin size) samples per bin along each axis, every roi its own: the rois are read on the host for the largest
+    b = ctx.array(rois).astype(np.float32).reshape(nr, 4) * np.float32(spatial_scale)
+    sz = b[:, 2:] - b[:, :2]
+    counts = np.ceil((sz if half else np.maximum(sz, 1)) / np.array([pw, ph], np.float32)).clip(0)
+    grid, gx, gy = ctx.tensor(counts.astype(np.float32)), int(counts[:, 0].max(initial=1)), int(counts[:, 1].max(initial=1))
+  gx, gy = max(gx, 1), max(gy, 1)  # an empty grid averages to 0: one masked sample keeps the shapes non-empty
+  def along(k: int, n_bins: int, samples: int, limit: int) -> tuple[Tensor, ...]:
+    """Along x (k=0) or y (k=1), per (roi, bin, sample): the low and high neighbours, their weights (0 for a sample more
+    than a pixel outside), and whether the sample is in the roi's grid."""
+    g = grid[:, k].reshape(nr, 1, 1)
+    i = ctx.arange(samples, dtypes.float32).reshape(1, 1, samples)
+    step = bins[:, k].reshape(nr, 1, 1)
+    p = box[:, k].reshape(nr, 1, 1) + ctx.arange(n_bins, dtypes.float32).reshape(1, n_bins, 1) * step + (i + 0.5) * step / g.maximum(1)
+    inside = (p >= -1.0) & (p <= limit)
+    p = p.maximum(0)
+    last = p.floor() >= limit - 1  # at (or past) the last pixel both neighbours are it
+    lo = last.where(limit - 1, p.floor())
+    frac = last.where(0.0, p - lo)
+    return lo, last.where(lo, lo + 1), inside.where(1 - frac, 0.0), inside.where(frac, 0.0), (i < g).expand(nr, n_bins, samples)
+  xl, xh, xwl, xwh, xin = along(0, pw, gx, w)
+  yl, yh, ywl, ywh, yin = along(1, ph, gy, h)
+  # every sample as (roi, channel, bin row, bin column, grid row, grid column)
+  def Y(t: Tensor) -> Tensor: return t.reshape(nr, 1, ph, 1, gy, 1)
+  def X(t: Tensor) -> Tensor: return t.reshape(nr, 1, 1, pw, 1, gx)
+  shape = (nr, c, ph, pw, gy, gx)
+  plane = (batch_indices.cast(dtypes.int32).reshape(nr, 1, 1, 1, 1, 1) * c + ctx.arange(c, dtypes.int32).reshape(1, c, 1, 1, 1, 1)) * (h * w)
+  flat = x.reshape(-1)
+  taps = []
+  for (yi, wy), (xi, wx) in itertools.product(((yl, ywl), (yh, ywh)), ((xl, xwl), (xh, xwh))):
+    idx = (plane + Y(yi).cast(dtypes.int32) * w + X(xi).cast(dtypes.int32)).expand(shape).reshape(-1)
+    taps.append(flat.gather(0, idx).reshape(shape).float() * (Y(wy) * X(wx)))
+  counted = Y(yin) & X(xin)
+  if mode == "avg":
+    out = counted.where(taps[0] + taps[1] + taps[2] + taps[3], 0.0).sum((4, 5)) / (grid[:, 0] * grid[:, 1]).maximum(1).reshape(nr, 1, 1, 1)
+  else:  # onnxruntime's (and the reference's) max: the largest weighted neighbour of any sample, 0 for an empty grid
+    best = counted.where(taps[0].maximum(taps[1]).maximum(taps[2]).maximum(taps[3]), -math.inf).max((4, 5))
+    out = counted.any((4, 5)).where(best, 0.0)
+  return out.cast(x.dtype)
+
 def _det(m: Tensor, n: int) -> Tensor:
   """The determinant of (..., n, n) by cofactor expansion along the first row (exact in the formula; n! terms)."""
   if n == 1: return m[..., 0, 0]
@@ -1330,52 +1416,149 @@ def det(ctx: Ctx, x: Tensor) -> Tensor:
 
 # ---- control flow and graph attributes (a Subgraph is called with its inputs, returns its outputs)
 
-Graph = Callable[..., list[Tensor]]
+Graph = Callable[..., list[Value]]
+
+def _tensor(ctx: Ctx, v: Value, what: str) -> Tensor:
+  if not isinstance(v, Tensor): raise ctx.error(f"{what} must be a tensor, got {'an empty optional' if v is None else 'a sequence'}")
+  return v
 
 @op("If")
-def if_(ctx: Ctx, cond: Tensor, then_branch: Graph, else_branch: Graph) -> tuple[Tensor, ...]:
+def if_(ctx: Ctx, cond: Tensor, then_branch: Graph, else_branch: Graph) -> tuple[Value, ...]:
   # the branch taken decides the graph: read on the host (the graph is realized up to the condition)
   return tuple((then_branch if bool(ctx.scalar(cond)) else else_branch)())
 
 @op("Loop")
-def loop(ctx: Ctx, trip: Tensor | None, cond: Tensor | None, *carried: Tensor, body: Graph) -> tuple[Tensor, ...]:
+def loop(ctx: Ctx, trip: Tensor | None, cond: Tensor | None, *carried: Value, body: Graph) -> tuple[Value, ...]:
   n = int(ctx.scalar(trip)) if trip is not None else None
   go = bool(ctx.scalar(cond)) if cond is not None else True
   state, scans, i = list(carried), [], 0
   while go and (n is None or i < n):
     outs = body(ctx.const(np.array(i, np.int64)), ctx.const(np.array(go)), *state)
-    go = bool(ctx.scalar(outs[0]))
+    go = bool(ctx.scalar(_tensor(ctx, outs[0], "the body's condition")))
     state, step = outs[1:1 + len(state)], outs[1 + len(state):]
-    scans.append(step)
+    scans.append([_tensor(ctx, s, "a scan output") for s in step])
     i += 1
   if scans and scans[0]: return (*state, *[Tensor.stack(*col, dim=0) for col in zip(*scans)])
   if ctx.n_outputs > len(state): raise ctx.unsupported("Loop with scan outputs that ran no iteration (their shape is unknown)")
   return tuple(state)
 
-@op("Scan")
-def scan(ctx: Ctx, *xs: Tensor, body: Graph, num_scan_inputs: int = 0, scan_input_axes: Sequence[int] | None = None,
-         scan_input_directions: Sequence[int] | None = None, scan_output_axes: Sequence[int] | None = None,
-         scan_output_directions: Sequence[int] | None = None) -> tuple[Tensor, ...]:
-  if ctx.opset < 9: raise ctx.unsupported("Scan before opset 9 (a batch axis and sequence_lens)")
-  m = num_scan_inputs
-  state, seqs = list(xs[:len(xs) - m]), list(xs[len(xs) - m:])
-  in_axes = [_axis(a, s.ndim) for a, s in zip(scan_input_axes or [0] * m, seqs)]
-  in_dirs = list(scan_input_directions or [0] * m)
-  length = _sh(seqs[0])[in_axes[0]]
+def _scan_steps(ctx: Ctx, body: Graph, state: list[Tensor], seqs: list[Tensor], axes: Sequence[int],
+                reverse: Sequence[int]) -> tuple[list[Tensor], list[list[Tensor]]]:
+  """Run the body once per position along each scan input's axis: the final state, and each step's scan outputs."""
+  length = _sh(seqs[0])[axes[0]] if seqs else 0
   steps: list[list[Tensor]] = []
   for t in range(length):
-    sl = [s[(slice(None),) * a + ((length - 1 - t) if d else t,)] for s, a, d in zip(seqs, in_axes, in_dirs)]
-    outs = body(*state, *sl)
+    sl = [s[(slice(None),) * a + ((length - 1 - t) if d else t,)] for s, a, d in zip(seqs, axes, reverse)]
+    outs = [_tensor(ctx, o, "a Scan body output") for o in body(*state, *sl)]
     state = outs[:len(state)]
     steps.append(outs[len(state):])
-  n_out = len(steps[0]) if steps else 0
-  out_axes, out_dirs = list(scan_output_axes or [0] * n_out), list(scan_output_directions or [0] * n_out)
-  results = []
-  for j in range(n_out):
-    col = [st[j] for st in steps]
-    if out_dirs[j]: col = col[::-1]
-    results.append(Tensor.stack(*col, dim=_axis(out_axes[j], col[0].ndim + 1)))
-  return (*state, *results)
+  return state, steps
+
+def _no_steps(ctx: Ctx, n_state: int) -> None:
+  if ctx.n_outputs > n_state: raise ctx.unsupported("Scan over empty sequences with scan outputs (their shape is unknown)")
+
+@op("Scan")
+def scan(ctx: Ctx, *xs: Tensor | None, body: Graph, num_scan_inputs: int = 0, directions: Sequence[int] | None = None,
+         scan_input_axes: Sequence[int] | None = None, scan_input_directions: Sequence[int] | None = None,
+         scan_output_axes: Sequence[int] | None = None, scan_output_directions: Sequence[int] | None = None) -> tuple[Tensor, ...]:
+  m = num_scan_inputs
+  if ctx.opset < 9:
+    # Scan-8: every input has a leading batch axis, each batch entry is scanned on its own along axis 1 for its length
+    lens, rest = xs[0], [_tensor(ctx, x, "a Scan input") for x in xs[1:]]
+    state, seqs = rest[:len(rest) - m], rest[len(rest) - m:]
+    batch, longest = _sh(seqs[0])[:2]
+    n = ctx.ints(lens) if lens is not None else [longest] * batch
+    if any(not 0 <= v <= longest for v in n): raise ctx.error(f"sequence_lens {n} outside [0, {longest}]")
+    runs = [_scan_steps(ctx, body, [s[b] for s in state], [s[b, :n[b]] for s in seqs], [0] * m, directions or [0] * m) for b in range(batch)]
+    if (like := next((steps[0] for _, steps in runs if steps), None)) is None: _no_steps(ctx, len(state))
+    def padded(steps: list[list[Tensor]], j: int, like: list[Tensor]) -> Tensor:
+      # a shorter sequence's scan outputs are padded to the longest with zeros (the specification leaves them undefined)
+      if not steps: return ctx.full((longest, *_sh(like[j])), 0, like[j].dtype)
+      return Tensor.stack(*[st[j] for st in steps], dim=0).pad(((0, longest - len(steps)),) + ((0, 0),) * steps[0][j].ndim)
+    rows = [[*st, *[padded(steps, j, like) for j in range(len(like))]] if like is not None else st for st, steps in runs]
+    return tuple(Tensor.stack(*col, dim=0) for col in zip(*rows))
+  if directions is not None: raise ctx.error("directions is Scan-8's attribute (from opset 9: scan_input_directions)")
+  state, seqs = [_tensor(ctx, x, "a Scan input") for x in xs[:len(xs) - m]], [_tensor(ctx, x, "a Scan input") for x in xs[len(xs) - m:]]
+  in_axes = [_axis(a, s.ndim) for a, s in zip(scan_input_axes or [0] * m, seqs)]
+  st, steps = _scan_steps(ctx, body, state, seqs, in_axes, scan_input_directions or [0] * m)
+  if not steps: _no_steps(ctx, len(state))
+  cols = [list(col) for col in zip(*steps)]
+  out_axes, out_dirs = list(scan_output_axes or [0] * len(cols)), list(scan_output_directions or [0] * len(cols))
+  results = [Tensor.stack(*(c[::-1] if d else c), dim=_axis(a, c[0].ndim + 1)) for c, a, d in zip(cols, out_axes, out_dirs)]
+  return (*st, *results)
+
+
+# ---- sequences (a Python list of Tensors) and optionals (None when empty, else the value)
+
+def _seq(ctx: Ctx, v: Value) -> list[Tensor]:
+  if not isinstance(v, list): raise ctx.error(f"expected a sequence, got {'an empty optional' if v is None else 'a tensor'}")
+  return v
+
+def _position(ctx: Ctx, pos: Tensor | None, n: int, default: int, insert: bool = False) -> int:
+  """A sequence position in [-n, n) (insertion: [-n, n]) as an index from the front."""
+  p = default if pos is None else int(ctx.scalar(pos))
+  if not -n <= p < n + insert: raise ctx.error(f"position {p} is outside a sequence of {n}")
+  return p + n if p < 0 else p
+
+OPS["SequenceConstruct"] = lambda ctx, *xs: list(xs)
+OPS["SequenceLength"] = lambda ctx, seq: np.array(len(_seq(ctx, seq)), np.int64)
+OPS["SequenceAt"] = lambda ctx, seq, pos: _seq(ctx, seq)[_position(ctx, pos, len(seq), 0)]
+
+@op("SequenceEmpty")
+def sequence_empty(ctx: Ctx, dtype: int = 1) -> list[Tensor]:
+  dtype_of(dtype, ctx.node)  # a sequence of a type plugrad lacks is refused even while it is empty
+  return []
+
+@op("SequenceInsert")
+def sequence_insert(ctx: Ctx, seq: Value, t: Tensor, pos: Tensor | None = None) -> list[Tensor]:
+  s = _seq(ctx, seq)
+  i = _position(ctx, pos, len(s), len(s), insert=True)
+  return [*s[:i], t, *s[i:]]  # a new list: the input sequence may be read again
+
+@op("SequenceErase")
+def sequence_erase(ctx: Ctx, seq: Value, pos: Tensor | None = None) -> list[Tensor]:
+  s = _seq(ctx, seq)
+  i = _position(ctx, pos, len(s), -1)
+  return s[:i] + s[i + 1:]
+
+@op("SplitToSequence")
+def split_to_sequence(ctx: Ctx, x: Tensor, split: Tensor | None = None, axis: int = 0, keepdims: int = 1) -> list[Tensor]:
+  axis = _axis(axis, x.ndim)
+  n = _sh(x)[axis]
+  if split is None:  # pieces of one, the axis kept or dropped
+    return [x[(slice(None),) * axis + ((slice(i, i + 1),) if keepdims else (i,))] for i in range(n)]
+  sizes = ctx.ints(split)
+  if split.ndim == 0 and sizes[0] <= 0: raise ctx.error(f"split size {sizes[0]} must be positive")
+  if split.ndim == 0: sizes = [sizes[0]] * (n // sizes[0]) + ([n % sizes[0]] if n % sizes[0] else [])
+  if sum(sizes) != n: raise ctx.error(f"split sizes {sizes} do not add up to the axis's {n}")
+  return list(x.split(sizes, axis))
+
+@op("ConcatFromSequence")
+def concat_from_sequence(ctx: Ctx, seq: Value, axis: int = 0, new_axis: int = 0) -> Tensor:
+  s = _seq(ctx, seq)
+  if not s: raise ctx.error("ConcatFromSequence of an empty sequence")
+  if new_axis: return Tensor.stack(*s, dim=_axis(axis, s[0].ndim + 1))
+  return s[0].cat(*s[1:], dim=_axis(axis, s[0].ndim))
+
+@op("SequenceMap")
+def sequence_map(ctx: Ctx, seq: Value, *rest: Value, body: Graph) -> tuple[list[Tensor], ...]:
+  """The body once per position of the sequence inputs (each at that position; a tensor input whole every time)."""
+  n = len(_seq(ctx, seq))
+  if any(isinstance(r, list) and len(r) != n for r in rest): raise ctx.error("SequenceMap's sequence inputs differ in length")
+  cols: list[list[Tensor]] = [[] for _ in range(ctx.n_outputs)]
+  for i in range(n):
+    outs = body(*[a[i] if isinstance(a, list) else a for a in (seq, *rest)])
+    for col, out in zip(cols, outs): col.append(_tensor(ctx, out, "a SequenceMap body output"))
+  return tuple(cols)
+
+OPS["Optional"] = lambda ctx, x=None, type=None: x  # `type` only types an empty one
+OPS["OptionalHasElement"] = lambda ctx, x=None: np.array(x is not None)  # known on the host: an If on it needs no device read
+
+@op("OptionalGetElement")
+def optional_get_element(ctx: Ctx, x: Value) -> Value:
+  if x is None: raise ctx.error("OptionalGetElement of an empty optional")
+  return x  # a tensor or a sequence is its own value (opset 18 takes them too)
+
 
 @op("FlexAttention")
 def flex_attention(ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, score_mod: Graph | None = None,
@@ -1386,9 +1569,9 @@ def flex_attention(ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | Non
   compute = dtype_of(softmax_precision, ctx.node) if softmax_precision is not None else \
     dtypes.float32 if q.dtype in (dtypes.float16, dtypes.bfloat16) else q.dtype
   scores = ((q * s) @ (k * s).transpose(-1, -2)).cast(compute)
-  if score_mod is not None: scores = score_mod(scores)[0].cast(compute)
+  if score_mod is not None: scores = _tensor(ctx, score_mod(scores)[0], "score_mod's output").cast(compute)
   p = scores.softmax(-1)
-  if prob_mod is not None: p = prob_mod(p)[0].cast(compute)
+  if prob_mod is not None: p = _tensor(ctx, prob_mod(p)[0], "prob_mod's output").cast(compute)
   return (p @ v.cast(compute)).cast(v.dtype)
 
 
