@@ -8,10 +8,17 @@ Data goes through host memory: a tensor is realized and MPI reads its buffer (th
 allocator offers host access, as the CPU and PYTHON devices do; a copy otherwise), and the result is received into a new
 buffer on the tensor's device. Every collective is non-blocking underneath and waited for with a deadline
 (PLUGRAD_DIST_TIMEOUT), so a rank that stops answering makes the others raise DistributedTimeoutError instead of hanging.
+
+CUDA tensors go through NCCL instead (nccl.py; PLUGRAD_DIST_BACKEND): the collective runs on the device pointers, on the
+device's stream, into a new buffer on the device; MPI only carries NCCL's unique id and the agreement check.
+UNVERIFIED HERE (no GPU on the development machine): that path is tested against a stand-in NCCL (tests/distributed/test_nccl.py).
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
+import functools
 import hashlib
 import os
 import sys
@@ -19,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +35,11 @@ from plugrad.engine.buffers import buffer_of, new_buffer
 from plugrad.helpers import SettingsError, getenv, prod
 from plugrad.tensor import Tensor
 from plugrad.tensor.helpers import ints
-from plugrad.uop.ops import Ops
+from plugrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+  from plugrad.device.buffer import Buffer
+  from plugrad.distributed.nccl import NCCL
 
 __all__ = ["OPS", "DistributedError", "DistributedTimeoutError", "all_gather", "all_reduce", "all_reduce_many", "barrier", "broadcast", "init",
            "is_initialized", "rank", "world_size"]
@@ -39,6 +50,7 @@ _SPIN_S = 0.1            # waits shorter than this busy-poll, as MPI's blocking 
 _NAP_AFTER_S = 1.0       # a wait this long is a peer doing something else (saving, evaluating): poll every few ms from then on
 # markers an MPI launcher leaves in each process's environment (Open MPI, MPICH/Hydra and PMI-2, PMIx launchers such as srun)
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+BACKENDS = ("auto", "mpi", "nccl")  # PLUGRAD_DIST_BACKEND
 
 
 class DistributedError(RuntimeError):
@@ -60,6 +72,9 @@ class _Group:
   seq: int = 0                  # collectives issued so far (all ranks count the same, or the agreement check says which differs)
   broken: str | None = None     # why the group can no longer be used (a timed-out request may still be pending)
   pending: list[Any] = field(default_factory=list)  # timed-out requests: they hold their buffers, which MPI may still write
+  backend: str = "auto"         # PLUGRAD_DIST_BACKEND: how CUDA tensors travel
+  nccl: NCCL | None = None      # libnccl, once a CUDA collective has loaded it
+  nccl_comms: dict[int, tuple[int, int]] = field(default_factory=dict)  # CUDA device index -> (creation ordinal, ncclComm_t)
 
 
 _GROUP: _Group | None = None
@@ -82,7 +97,12 @@ def init(min_world_size: int = 1, timeout: float | None = None) -> _Group:
     limit = float(timeout) if timeout is not None else float(getenv("PLUGRAD_DIST_TIMEOUT", DEFAULT_TIMEOUT, minimum=0, maximum=1e9))
     if limit != limit: raise SettingsError(f"PLUGRAD_DIST_TIMEOUT={os.environ.get('PLUGRAD_DIST_TIMEOUT')!r} is not valid: expected a number >= 0 "
                                            "(0: no deadline; docs/env-vars.md)")
-    g = _GROUP = _mpi_group(limit) if _launched() else _Group(0, 1, limit)
+    backend = os.environ.get("PLUGRAD_DIST_BACKEND", "auto").strip().lower() or "auto"
+    if backend not in BACKENDS: raise SettingsError(f"PLUGRAD_DIST_BACKEND={os.environ['PLUGRAD_DIST_BACKEND']!r} is not valid: expected one of "
+                                                    f"{', '.join(BACKENDS)} (docs/env-vars.md)")
+    g = _mpi_group(limit) if _launched() else _Group(0, 1, limit)
+    g.backend = backend
+    _GROUP = g
   if g.size < min_world_size:
     how = "launched by mpirun with one process" if g.comm is not None else "not launched by an MPI launcher (a world of one process)"
     raise DistributedError(f"this program needs at least {min_world_size} processes but was {how}; start it with "
@@ -198,11 +218,16 @@ def _dtname(dt: DType) -> str: return "bfloat16" if dt is dtypes.bfloat16 else n
 def _describe(t: Tensor) -> str: return f"shape={tuple(t.shape)} dtype={_dtname(t.dtype)}"
 
 
-def _host(t: Tensor) -> memoryview:
-  """The bytes of `t`'s buffer, realized: the device memory itself where its allocator gives host access, else a copy."""
+def _realized(t: Tensor) -> Buffer:
+  """`t`'s values in one allocated, contiguous device buffer."""
   c = t.contiguous().realize()
   u = c.uop if c.uop.op is Ops.BUFFER else c.uop.src[0]
-  return buffer_of(u).ensure_allocated().as_buffer()
+  return buffer_of(u).ensure_allocated()
+
+
+def _host(t: Tensor) -> memoryview:
+  """The bytes of `t`'s buffer, realized: the device memory itself where its allocator gives host access, else a copy."""
+  return _realized(t).as_buffer()
 
 
 class _Out:
@@ -219,6 +244,163 @@ class _Out:
   def tensor(self) -> Tensor:
     if self.buf is not None and not self.direct: self.buf.copyin(self.bytes.data)
     return Tensor(self.u.reshape(self.shape))
+
+
+# ---------------------------------------------------------------- NCCL (CUDA tensors)
+
+def _load_nccl() -> NCCL:
+  from plugrad.distributed import nccl  # only a CUDA collective needs it
+  return nccl.load()
+
+
+def _cuda_index(device: str) -> int | None:
+  """The device index of a CUDA device string ("CUDA" → 0, "CUDA:1" → 1), None for any other device."""
+  base, _, index = device.partition(":")
+  return (int(index) if index else 0) if base == "CUDA" else None
+
+
+def _nccl_route(g: _Group, t: Tensor, reduce: bool = False) -> int | None:
+  """The CUDA device index whose NCCL communicator runs `t`'s collective, or None: MPI with host staging. `reduce`: an
+  all-reduce, which needs a dtype NCCL reduces (int16/uint16 and the like go through MPI)."""
+  if g.backend == "mpi" or (idx := _cuda_index(_device(t, "a collective"))) is None: return None
+  if g.comm is None and g.backend == "auto": return None  # a world of one: a copy is all a collective does
+  if reduce:
+    from plugrad.distributed.nccl import NCCL_DTYPES
+    if t.dtype not in NCCL_DTYPES: return None
+  if g.nccl is None:
+    try: g.nccl = _load_nccl()
+    except DistributedError:
+      if g.backend == "nccl": raise
+      return None  # auto: no libnccl here, so CUDA tensors are staged through the host
+  return idx
+
+
+def _nccl_tag(g: _Group, routes: Sequence[int | None]) -> str:
+  """What the agreement check adds for NCCL: the ordinal of the communicator each tensor uses (new ones numbered in order
+  of first use), so ranks that would create communicators in a different order, or route a tensor differently, fail
+  the check instead of hanging in ncclCommInitRank."""
+  if all(r is None for r in routes): return ""
+  new: dict[int, int] = {}
+  def ordinal(idx: int) -> int:
+    if (hit := g.nccl_comms.get(idx)) is not None: return hit[0]
+    return new.setdefault(idx, len(g.nccl_comms) + len(new))
+  return " nccl[" + ",".join("mpi" if r is None else f"comm{ordinal(r)}" for r in routes) + "]"
+
+
+def _cuda_memory(buf: Any) -> tuple[int, int | None, Callable[[], Any] | None]:
+  """(device pointer, stream, the context's activate) of an allocated CUDA buffer, read duck-typed (the core does not
+  import the CUDA plugin): the handle's `ptr` and the allocator's `ctx.stream` (and `ctx.activate`, when it has one)."""
+  handle = buf.handle
+  if not isinstance(ptr := getattr(handle, "ptr", None), int) or isinstance(ptr, bool):
+    raise DistributedError(f"NCCL needs the device pointer of {buf!r}: its handle ({type(handle).__name__}) has no int attribute `ptr`")
+  ctx = getattr(buf.allocator, "ctx", None)
+  if ctx is None or not hasattr(ctx, "stream"):
+    raise DistributedError(f"NCCL needs the stream of {buf!r}: its allocator ({type(buf.allocator).__name__}) has no `ctx.stream`")
+  stream = ctx.stream.value if isinstance(ctx.stream, ctypes.c_void_p) else ctx.stream
+  if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
+    raise DistributedError(f"NCCL needs a CUDA stream handle (an int or a ctypes.c_void_p) from {buf!r}'s allocator, got {stream!r}")
+  activate = getattr(ctx, "activate", None)
+  return ptr, stream, activate if callable(activate) else None
+
+
+def _nccl_comm(g: _Group, idx: int, activate: Callable[[], Any] | None) -> int:
+  """This process's communicator for CUDA device `idx`, created on first use: rank 0's unique id goes to every rank over
+  MPI, then ncclCommInitRank with the device's context current (NCCL runs on the current device)."""
+  assert g.nccl is not None
+  if (hit := g.nccl_comms.get(idx)) is not None: return hit[1]
+  from plugrad.distributed.nccl import UNIQUE_ID_BYTES
+  uid = g.nccl.unique_id() if g.rank == 0 else bytes(UNIQUE_ID_BYTES)
+  if g.comm is not None:
+    arr = np.frombuffer(bytearray(uid), np.uint8)
+    _wait(g, [g.comm.Ibcast(arr, root=0)], f"the NCCL unique id broadcast for CUDA:{idx}")
+    uid = arr.tobytes()
+  if activate is not None: activate()
+  comm = g.nccl.comm_init_rank(g.size, uid, g.rank)
+  if not g.nccl_comms: atexit.register(_close_nccl, g)  # registered after mpi4py's hook: runs before MPI_Finalize
+  g.nccl_comms[idx] = (len(g.nccl_comms), comm)
+  return comm
+
+
+def _close_nccl(g: _Group) -> None:
+  # a communicator whose collective never finished cannot be destroyed (ncclCommDestroy would wait for it): abort those
+  if g.nccl is None: return
+  for _, comm in g.nccl_comms.values():
+    with contextlib.suppress(DistributedError): (g.nccl.abort if g.broken is not None else g.nccl.destroy)(comm)
+  g.nccl_comms.clear()
+
+
+def _nccl_break(g: _Group, why: str) -> None:
+  """After a failed or timed-out NCCL collective the peers' kernels may wait forever: abort every communicator (NCCL's
+  documented way out), which also leaves the group unusable."""
+  g.broken = g.broken or why
+  _close_nccl(g)
+
+
+def _nccl_run(g: _Group, calls: list[tuple[Callable[[], Any] | None, Callable[[], None]]], streams: set[int | None], what: str) -> None:
+  """Enqueue the NCCL calls (each after activating its device's context) as one NCCL group, then wait for their streams
+  with the group's deadline, polling ncclCommGetAsyncError; a timeout or an asynchronous error aborts the communicators.
+  With no deadline (PLUGRAD_DIST_TIMEOUT=0) there is no wait: later work on the stream is ordered after the collective."""
+  if not calls: return  # no NCCL tensor in this collective (or only empty ones)
+  nc = g.nccl
+  assert nc is not None
+  try:
+    nc.group_start()
+    try:
+      for activate, call in calls:
+        if activate is not None: activate()
+        call()
+    except BaseException:
+      with contextlib.suppress(DistributedError): nc.group_end()
+      raise
+    nc.group_end()
+  except DistributedError as e:
+    _nccl_break(g, f"{what} failed in NCCL")
+    raise DistributedError(f"rank {g.rank} of {g.size}: {what}: {e} (the communicators are aborted; restart the job)") from e
+  if g.timeout == 0: return
+  comms = [comm for _, comm in g.nccl_comms.values()]
+  start, nap = time.monotonic(), 1e-4
+  while True:
+    for comm in comms:
+      if (err := nc.async_error(comm)) not in (0, 7):  # ncclSuccess, ncclInProgress
+        from plugrad.distributed.nccl import NCCLError
+        _nccl_break(g, f"{what} failed in NCCL")
+        raise NCCLError(f"ncclCommGetAsyncError during {what} on rank {g.rank} of {g.size}", err, nc._text(err))
+    if all(nc.stream_done(s) for s in streams): return
+    waited = time.monotonic() - start
+    if waited > g.timeout:
+      _nccl_break(g, f"{what} timed out after {g.timeout:g} s")
+      raise DistributedTimeoutError(f"rank {g.rank} of {g.size}: {what} (NCCL) did not complete within PLUGRAD_DIST_TIMEOUT={g.timeout:g} s: "
+                                    "another rank died, hangs, or did not call it (its communicators are aborted)")
+    if waited > _NAP_AFTER_S:
+      time.sleep(nap)
+      nap = min(nap * 2, 5e-3)
+    elif waited > _SPIN_S: os.sched_yield()
+
+
+def _device_out(device: str, n: int, dtype: DType) -> tuple[UOp, Buffer | None]:
+  """A new allocated buffer of `n` elements on `device` (None when empty) for NCCL to write."""
+  u = new_buffer(device, n, dtype)
+  return u, (buffer_of(u).allocate() if n else None)
+
+
+class _NCCLJob:
+  """The NCCL calls of one collective: each source buffer and result stays referenced until the wait is over."""
+  def __init__(self, g: _Group):
+    self.g = g
+    self.calls: list[tuple[Callable[[], Any] | None, Callable[[], None]]] = []
+    self.streams: set[int | None] = set()
+    self.keep: list[Any] = []
+
+  def add(self, idx: int, src: Any, out: Any, issue: Callable[[int, int, int, int | None], None]) -> None:
+    """`issue(send_ptr, recv_ptr, comm, stream)` enqueues the call for `src` → `out` on device `idx`'s communicator."""
+    sp, stream, activate = _cuda_memory(src)
+    rp, _, _ = _cuda_memory(out)
+    comm = _nccl_comm(self.g, idx, activate)
+    self.calls.append((activate, lambda: issue(sp, rp, comm, stream)))
+    self.streams.add(stream)
+    self.keep += [src, out]
+
+  def run(self, what: str) -> None: _nccl_run(self.g, self.calls, self.streams, what)
 
 
 # ---------------------------------------------------------------- the collectives
@@ -266,11 +448,22 @@ def all_reduce_many(ts: Sequence[Tensor], op: str = "sum", what: str | None = No
   works = [_reduce_plan(t, op) for t in ts]
   g = _group()
   shapes = [ints(t.shape, 'all_reduce') for t in ts]
-  if g.comm is None: return [_copy(t, shape) for t, shape in zip(ts, shapes)]
+  routes = [_nccl_route(g, t, reduce=True) for t in ts]
+  if g.comm is None and all(r is None for r in routes): return [_copy(t, shape) for t, shape in zip(ts, shapes)]
   what = what or f"all_reduce(op={op}, {', '.join(_describe(t) for t in ts)})"
-  _agree(g, what)
-  reqs, finish = [], []
-  for t, shape, work in zip(ts, shapes, works):
+  if g.comm is not None: _agree(g, what + _nccl_tag(g, routes))
+  reqs: list[Any] = []
+  finish: list[tuple[np.ndarray | None, Callable[[], Tensor]]] = []
+  job = _NCCLJob(g)
+  for t, shape, work, idx in zip(ts, shapes, works, routes):
+    if idx is not None:  # NCCL on the device: the tensor's own dtype (float16/bfloat16 reduced natively), ncclAvg for mean
+      from plugrad.distributed.nccl import NCCL_DTYPES, NCCL_OPS
+      u, dbuf = _device_out(_device(t, "all_reduce"), prod(shape), t.dtype)
+      if dbuf is not None:
+        assert g.nccl is not None
+        job.add(idx, _realized(t), dbuf, _nccl_all_reduce(g.nccl, dbuf.size, NCCL_DTYPES[t.dtype], NCCL_OPS[op]))
+      finish.append((None, functools.partial(_as_tensor, u, shape)))
+      continue
     mop = _mpi_op(g, op, work)
     if work is t.dtype:  # straight from the tensor's buffer into the result's
       out = _Out(_device(t, "all_reduce"), shape, t.dtype)
@@ -282,14 +475,23 @@ def all_reduce_many(ts: Sequence[Tensor], op: str = "sum", what: str | None = No
       res = np.empty_like(send)
       if send.size: reqs.append(g.comm.Iallreduce(send, res, op=mop))
       finish.append((res, _rounded(res, t, shape)))
+  job.run(what)
   _wait(g, reqs, what)
   if op == "mean":
-    for arr, _ in finish: np.divide(arr, g.size, out=arr)
+    for arr, _ in finish:
+      if arr is not None: np.divide(arr, g.size, out=arr)
   return [make() for _, make in finish]
 
 
 def _rounded(res: np.ndarray, t: Tensor, shape: tuple[int, ...]) -> Callable[[], Tensor]:
   return lambda: Tensor(res.reshape(shape), device=t.device).cast(t.dtype).realize()
+
+
+def _nccl_all_reduce(nc: NCCL, n: int, ndt: int, nop: int) -> Callable[[int, int, int, int | None], None]:
+  return lambda sp, rp, comm, stream: nc.all_reduce(sp, rp, n, ndt, nop, comm, stream)
+
+
+def _as_tensor(u: UOp, shape: tuple[int, ...]) -> Tensor: return Tensor(u.reshape(shape))
 
 
 def all_gather(t: Tensor, axis: int = 0) -> Tensor:
@@ -302,12 +504,24 @@ def all_gather(t: Tensor, axis: int = 0) -> Tensor:
   if not -nd <= axis < nd: raise ValueError(f"all_gather: axis {axis} is out of range for a tensor of shape {shape}")
   axis %= nd
   g = _group()
-  if g.comm is None: return _copy(t, shape or (1,))
+  idx = _nccl_route(g, t)
+  if g.comm is None and idx is None: return _copy(t, shape or (1,))
   what = f"all_gather(axis={axis}, {_describe(t)})"
-  _agree(g, what)
-  out = _Out(_device(t, "all_gather"), (g.size, *shape), t.dtype)
-  if out.n: _wait(g, [g.comm.Iallgather(np.frombuffer(_host(t), np.uint8), out.bytes)], what)
-  stacked = out.tensor()
+  if g.comm is not None: _agree(g, what + _nccl_tag(g, [idx]))
+  if idx is not None:  # NCCL: every rank's bytes, in rank order, into one buffer of (world, *shape)
+    u, buf = _device_out(_device(t, "all_gather"), g.size * prod(shape), t.dtype)
+    if buf is not None:
+      job, nc, nbytes = _NCCLJob(g), g.nccl, prod(shape) * t.dtype.itemsize
+      assert nc is not None
+      from plugrad.distributed.nccl import UINT8
+      job.add(idx, _realized(t), buf, lambda sp, rp, comm, stream: nc.all_gather(sp, rp, nbytes, UINT8, comm, stream))
+      job.run(what)
+    stacked = Tensor(u.reshape((g.size, *shape)))
+  else:
+    assert g.comm is not None
+    out = _Out(_device(t, "all_gather"), (g.size, *shape), t.dtype)
+    if out.n: _wait(g, [g.comm.Iallgather(np.frombuffer(_host(t), np.uint8), out.bytes)], what)
+    stacked = out.tensor()
   if not shape or axis == 0: return stacked.reshape(g.size * (shape[0] if shape else 1), *shape[1:])
   # (world, *shape) in rank order: the world axis moved next to `axis` and merged with it
   moved = stacked.permute(*range(1, axis + 1), 0, *range(axis + 1, len(shape) + 1))
@@ -321,9 +535,20 @@ def broadcast(t: Tensor, src: int = 0) -> Tensor:
   if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < g.size:
     raise ValueError(f"broadcast: src must be a rank in [0, {g.size}), got {src!r}")
   shape = ints(t.shape, 'broadcast')
-  if g.comm is None: return _copy(t, shape)
+  idx = _nccl_route(g, t)
+  if g.comm is None and idx is None: return _copy(t, shape)
   what = f"broadcast(src={src}, {_describe(t)})"
-  _agree(g, what)
+  if g.comm is not None: _agree(g, what + _nccl_tag(g, [idx]))
+  if idx is not None:  # NCCL: rank src's bytes into a new buffer on every rank (src's own result included)
+    u, buf = _device_out(_device(t, "broadcast"), prod(shape), t.dtype)
+    if buf is not None:
+      job, nc, nbytes = _NCCLJob(g), g.nccl, prod(shape) * t.dtype.itemsize
+      assert nc is not None
+      from plugrad.distributed.nccl import UINT8
+      job.add(idx, _realized(t), buf, lambda sp, rp, comm, stream: nc.broadcast(sp, rp, nbytes, UINT8, src, comm, stream))
+      job.run(what)
+    return Tensor(u.reshape(shape))
+  assert g.comm is not None
   out = _Out(_device(t, "broadcast"), shape, t.dtype)
   if out.n:
     if g.rank == src: out.bytes[:] = np.frombuffer(_host(t), np.uint8)
