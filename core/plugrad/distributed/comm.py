@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plugrad.distributed.errors import DistributedError, DistributedTimeoutError
 from plugrad.dtype import DType, dtypes
 from plugrad.engine.buffers import buffer_of, new_buffer
 from plugrad.helpers import SettingsError, getenv, prod
@@ -51,15 +52,6 @@ _NAP_AFTER_S = 1.0       # a wait this long is a peer doing something else (savi
 # markers an MPI launcher leaves in each process's environment (Open MPI, MPICH/Hydra and PMI-2, PMIx launchers such as srun)
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 BACKENDS = ("auto", "mpi", "nccl")  # PLUGRAD_DIST_BACKEND
-
-
-class DistributedError(RuntimeError):
-  """A collective or the process group failed: mpi4py missing under a launcher, too few processes, ranks that disagree on
-  a collective, or a group left unusable by an earlier failure. The message names the operation and the rank."""
-
-
-class DistributedTimeoutError(DistributedError, TimeoutError):
-  """A collective did not complete within PLUGRAD_DIST_TIMEOUT seconds: another rank died, hangs, or never called it."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from plugrad.distributed.comm import DistributedError  # comm.py imports this module lazily, so there is no cycle
+from plugrad.distributed.errors import DistributedError
 from plugrad.dtype import DType, dtypes
 
 __all__ = ["NCCL", "NCCLError", "NCCL_DTYPES", "NCCL_OPS", "UNIQUE_ID_BYTES", "find_library", "load", "unavailable_reason"]
