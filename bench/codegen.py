@@ -3,7 +3,7 @@
 
 "Codegen" is `get_program` (optimize → the codegen passes → linearize → render), which the fused attention kernels go
 through too; the C/LLVM compile is not counted. It is wrapped here and timed on its cache misses.
-Those caches are in memory only, so every kernel is built afresh in a new process (the disk cache only skips compiles).
+Every kernel is built afresh in a new process: the children run with CACHE=0, past the persistent program cache.
 The garbage collector is off while the step runs (--gc keeps it on). Each of --reps runs is a fresh process; a kernel's
 time is its fastest (the machine's noise only adds). Printed: the slowest kernels, the median, max and total.
 
@@ -19,6 +19,7 @@ import argparse
 import cProfile
 import gc
 import json
+import os
 import pstats
 import statistics
 import subprocess
@@ -117,7 +118,9 @@ def main() -> None:
     for i in range(args.reps):
       cmd = [sys.executable, __file__, "--child", "--layers", str(args.layers), *(["--gc"] if args.gc else []),
              *(["--dump", str(args.dump)] if args.dump and i == 0 else [])]
-      got.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]))
+      # CACHE=0: the persistent program cache would hand a warm process its rendered kernels, and nothing would be timed
+      env = {**os.environ, "CACHE": "0"}
+      got.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.splitlines()[-1]))
   best = {k: min(g[k] for g in got if k in g) for k in got[0]}
   ms = sorted(best.items(), key=lambda kv: -kv[1])
   for name, t in ms[:args.top or None]: print(f"{t:9.1f} ms  {name}")
