@@ -7,7 +7,11 @@ Workloads (fp32): matmul N=512/1024/2048 (GFLOPS), the fused elementwise a*b+c o
 64->64 channels, 56x56, 3x3, padding 1 (GFLOPS), attention's parts at a BERT-style encoder's shapes (softmax over
 32x12x128x128 and layernorm over 4096x384 in GB/s of one read + one write; scaled_dot_product_attention 32x12x128x32 and
 a 4096x384x384 projection fed by layernorm in GFLOPS of their matmuls), and how plugrad scales from 1 thread to N
-(matmul 1024, a*b+c). --keys picks workloads.
+(matmul 1024, a*b+c). Low precision (issue 39): matmul bf16 N=512..4096 (bf16 inputs and output, fp32 accumulation:
+plugrad `a @ b`, PyTorch's bf16 `a @ b` through oneDNN; numpy has no bfloat16) and matmul u8 x s8 -> s32 N=512..4096
+(GOPS; plugrad `a.cast(int32) @ b.cast(int32)`, numpy and PyTorch as int32 matmuls: neither has a u8 x s8 product on
+the CPU); each row says which of plugrad's CPU tensor cores ran (AMX, AVX-512 BF16/VNNI, or none), and the header
+the CPU's flags for them. --quick runs N=512 of both. --keys picks workloads.
 Then the optimizer's target lines (--no-targets skips them), each from a fresh process: matmul with BEAM=2 (--beam
 sizes; search seconds, ratio to numpy's line above, and the first run of a second process on the same BEAM cache), the
 codegen milliseconds per new kernel (schedule + optimize + lower + render, no C compiler, median over 60 fresh graphs),
@@ -70,6 +74,10 @@ M16 = 1 << 24  # 16M floats
 ATT = 32 * 12 * 128 * 128  # attention scores of batch 32, 12 heads, sequence 128
 MIN_TIMED = 0.3  # seconds of timed runs per measurement at least (up to 100 runs), when runs are short
 ROUND_LIMIT = 3.0  # a measurement whose timed runs took longer runs in one round only
+LOW_SIZES = (512, 1024, 2048, 4096)  # the bf16 and int8 matmuls
+# frameworks without a form of a workload family: shown as "n/a (why)"
+UNSUPPORTED = {("bf16mm", "numpy"): "numpy has no bfloat16", ("bf16mm", "tinygrad"): "not measured", ("i8mm", "tinygrad"): "not measured"}
+TC_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
 # ---------------------------------------------------------------------------------------------------- the workloads
@@ -90,6 +98,9 @@ def _workloads() -> dict[str, Workload]:
         Workload("layernorm", "layernorm 4096x384", "GB/s", 8.0 * 4096 * 384, 1e-4, 6),
         Workload("sdpa", "attention 32x12x128x32 fwd", "GFLOPS", 4.0 * ATT * 32, 1e-4, 7),
         Workload("proj", "layernorm(x) @ W 4096x384x384", "GFLOPS", 2.0 * 4096 * 384 * 384, 1e-3, 8)]
+  # low precision (issue 39): bf16 in and out (the output's rounding is the tolerance), u8 x s8 products summed exactly
+  w += [Workload(f"bf16mm{n}", f"matmul bf16 N={n}", "GFLOPS", 2.0 * n ** 3, 1e-2, 9) for n in LOW_SIZES]
+  w += [Workload(f"i8mm{n}", f"matmul u8xs8->s32 N={n}", "GOPS", 2.0 * n ** 3, 1e-9, 10) for n in LOW_SIZES]
   return {x.key: x for x in w}
 
 
@@ -112,7 +123,20 @@ def make_inputs(key: str) -> list[Any]:
   if key == "layernorm": return [g(4096, 384)]
   if key == "sdpa": return [g(32, 12, 128, 32), g(32, 12, 128, 32), g(32, 12, 128, 32)]
   if key == "proj": return [g(4096, 384), g(384, 384) * 0.05]
+  if key.startswith("bf16mm"):  # values on the bf16 grid (rounded to nearest even), so every framework starts from the same numbers
+    n = int(key[6:])
+    return [bf16_grid(r(n, n) - 0.5), bf16_grid(r(n, n) - 0.5)]
+  if key.startswith("i8mm"):
+    n = int(key[4:])
+    return [rng.integers(0, 256, (n, n)).astype(np.uint8), rng.integers(-128, 128, (n, n)).astype(np.int8)]
   raise KeyError(key)
+
+
+def bf16_grid(x: Any) -> Any:
+  """float32 `x` rounded to the nearest bfloat16 (ties to even), still float32."""
+  import numpy as np
+  u = x.view(np.uint32)
+  return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
 
 
 def numpy_conv(x: Any, w: Any) -> Any:
@@ -139,6 +163,7 @@ def reference(key: str, inputs: list[Any]) -> Any:
   if key == "layernorm": return numpy_layernorm(x[0])
   if key == "sdpa": return numpy_sdpa(*x)
   if key == "proj": return numpy_layernorm(x[0]) @ x[1]
+  if key.startswith(("bf16mm", "i8mm")): return x[0] @ x[1]
   raise KeyError(key)
 
 
@@ -298,7 +323,18 @@ class Side:
     if key == "layernorm": return lambda: self.sync(self.layernorm(xs[0]))
     if key == "sdpa": return lambda: self.sync(self.sdpa(*xs))
     if key == "proj": return lambda: self.sync(self.layernorm(xs[0]) @ xs[1])
+    if key.startswith("bf16mm"):
+      a, b = self.bf16(xs[0]), self.bf16(xs[1])  # converted once, outside the timing
+      return lambda: self.sync(a @ b)
+    if key.startswith("i8mm"):
+      a, b = self.int_operands(xs[0], xs[1])
+      return lambda: self.sync(self.int_matmul(a, b))
     raise KeyError(key)
+
+  def bf16(self, x: Any) -> Any: raise NotImplementedError(f"{self.name} has no bfloat16")
+  def int_operands(self, a: Any, b: Any) -> tuple[Any, Any]: return a, b
+  def int_matmul(self, a: Any, b: Any) -> Any: return a @ b
+  def tensor_cores(self) -> str | None: return None  # which tensor cores the last workload's kernels used, where known
 
   def sync(self, out: Any) -> Any: return out
   def rowsum(self, m: Any) -> Any: return m.sum(axis=1)
@@ -331,6 +367,9 @@ class NumpySide(Side):
   def softmax(self, x: Any) -> Any: return numpy_softmax(x)
   def layernorm(self, x: Any) -> Any: return numpy_layernorm(x)
   def sdpa(self, q: Any, k: Any, v: Any) -> Any: return numpy_sdpa(q, k, v)
+  def int_operands(self, a: Any, b: Any) -> tuple[Any, Any]:
+    import numpy as np
+    return a.astype(np.int32), b.astype(np.int32)  # numpy's integer matmul (no BLAS)
 
 
 class TorchSide(Side):
@@ -348,7 +387,9 @@ class TorchSide(Side):
     return f"torch {t.__version__}, {t.get_num_threads()} threads via torch.set_num_threads, {blas}, oneDNN conv: {t.backends.mkldnn.is_available()}"
 
   def load(self, arrays: list[Any]) -> list[Any]: return [self.torch.from_numpy(a.copy()) for a in arrays]
-  def to_numpy(self, out: Any) -> Any: return out.numpy()
+  def to_numpy(self, out: Any) -> Any: return out.float().numpy() if out.dtype == self.torch.bfloat16 else out.numpy()
+  def bf16(self, x: Any) -> Any: return x.to(self.torch.bfloat16)
+  def int_operands(self, a: Any, b: Any) -> tuple[Any, Any]: return a.to(self.torch.int32), b.to(self.torch.int32)  # no u8 x s8 op
   def rowsum(self, m: Any) -> Any: return m.sum(dim=1)
   def conv(self, x: Any, w: Any) -> Any: return self.torch.nn.functional.conv2d(x, w, padding=1)
   def softmax(self, x: Any) -> Any: return self.torch.softmax(x, -1)
@@ -368,9 +409,13 @@ class PlugradSide(Side):
     from plugrad.device.registry import Device
     self.Tensor, self.Device, self.plugrad = Tensor, Device, plugrad
     self._count = 0
+    self._wmma: set[str] = set()  # the tensor-core instructions of the kernels run since the last tensor_cores()
     orig = runner.ProgramRunner.__call__
     def counted(r: Any, *a: Any, **kw: Any) -> Any:
       self._count += 1
+      if (names := getattr(r, "_bench_wmma", None)) is None:
+        names = r._bench_wmma = {u.arg[0] for u in r.program.uops if u.op.name == "WMMA"}
+      self._wmma |= names
       return orig(r, *a, **kw)
     runner.ProgramRunner.__call__ = counted  # type: ignore[method-assign]
     self._fresh = 0  # allocations the allocator could not serve from its cache of freed buffers
@@ -384,6 +429,12 @@ class PlugradSide(Side):
   def fresh_allocs(self) -> int | None: return self._fresh
 
   def settle(self) -> None: settle_tiers()
+  def bf16(self, x: Any) -> Any: return x.cast(self.plugrad.dtypes.bfloat16).realize()
+  def int_matmul(self, a: Any, b: Any) -> Any: return a.cast(self.plugrad.dtypes.int32) @ b.cast(self.plugrad.dtypes.int32)
+
+  def tensor_cores(self) -> str | None:
+    used, self._wmma = self._wmma, set()
+    return ", ".join(sorted(used)) if used else "none"
 
   def info(self) -> str:
     dev = self.Device["CPU"]
@@ -392,8 +443,9 @@ class PlugradSide(Side):
       cc = f", {os.path.basename(tc.cc[0])} {tc.version.split(') ')[-1] if tc.version else ''} -O2 -march=native"
     elif (key := getattr(comp, "cache_key", "")).startswith("plugrad-cpu-llvm"):  # LLVM in-process (llvmlite)
       cc = ", " + " ".join(w for w in key.split()[1:] if not w.startswith("features=")) + " in-process"
+    tcs = ", ".join(tc.name for tc in dev.renderer.tensor_cores) or "none (bf16 through the shared float32 emulation, int8 as int32)"
     return (f"plugrad (plugrad-cpu {getattr(dev, 'plugin_version', '?')}) device CPU{cc}, "
-            f"{getattr(dev.runtime, 'threads', '?')} threads via THREADS={os.environ['THREADS']}")
+            f"{getattr(dev.runtime, 'threads', '?')} threads via THREADS={os.environ['THREADS']}; CPU tensor cores: {tcs}")
 
   def launches(self) -> int | None: return self._count
   def load(self, arrays: list[Any]) -> list[Any]: return [self.Tensor(a.copy(), device="CPU").realize() for a in arrays]
@@ -452,9 +504,11 @@ class Measurement:
     self.arrays = make_inputs(key)
     self.f = side.fn(key, side.load(self.arrays))
     gc.collect()
+    side.tensor_cores()  # forget the loads' kernels
     t0 = time.perf_counter()
     first = side.to_numpy(self.f())
     self.warmup = time.perf_counter() - t0
+    self.tcs = side.tensor_cores()
     side.settle()
     side.to_numpy(self.f())  # the swapped-in code's first run
     self.first: Any = np.array(first, copy=True)
@@ -478,7 +532,7 @@ class Measurement:
       times.append(dt)
       del out
     return {"key": self.key, "times": times, "median": statistics.median(times), "warmup": self.warmup,
-            "cores": cpu / wall if wall > 0 else 0.0, "no_launch": no_launch, "fresh": fresh, **self.check()}
+            "cores": cpu / wall if wall > 0 else 0.0, "no_launch": no_launch, "fresh": fresh, "tensor_cores": self.tcs, **self.check()}
 
   def check(self) -> dict[str, Any]:
     """The warm-up's result against float64 numpy: max abs error / max abs reference (after the timed runs: the
@@ -584,14 +638,17 @@ class Worker:
     self.proc, self.ready = None, False
 
 
-def predict_2048(results: dict[str, dict[str, dict[str, Any]]], f: str, cap: float) -> str | None:
-  """Why matmul 2048 cannot fit in `cap` for framework `f` (None: run it): a run is at least 8x the work of N=1024, and
-  the measurement is a warm-up + 3 runs at least."""
-  small = results.get("matmul1024", {}).get(f)
+def predict_big(results: dict[str, dict[str, dict[str, Any]]], key: str, f: str, cap: float) -> str | None:
+  """Why a matmul of N >= 2048 (`key`) cannot fit in `cap` for framework `f` (None: run it): a run is at least 8x the
+  work of N/2 (the same family's line before it), and the measurement is a warm-up + 3 runs at least."""
+  fam, n = re.fullmatch(r"([a-z0-9]*?[a-z]+)(\d+)", key).groups()  # type: ignore[union-attr]
+  if int(n) < 2048: return None
+  small = results.get(f"{fam}{int(n) // 2}", {}).get(f)
   if small is None: return None
-  if "median" not in small: return "N=1024 did not finish"
+  if "median" not in small: return f"N={int(n) // 2} did not finish"
   if (pred := small["median"] * 8) * 4 > cap:
-    return f"N=1024 took {small['median']:.1f} s/run, so one N=2048 run takes >= {pred:.0f} s: warm-up + 3 runs exceed the {cap:.0f} s cap"
+    return (f"N={int(n) // 2} took {small['median']:.1f} s/run, so one N={n} run takes >= {pred:.0f} s: warm-up + 3 runs exceed the "
+            f"{cap:.0f} s cap")
   return None
 
 
@@ -642,7 +699,8 @@ def machine_line(threads: int) -> str:
     if (m := re.search(r"model name\s*:\s*(.+)", txt)): model = m.group(1).strip()
     if (m := re.search(r"flags\s*:\s*(.+)", txt)):
       fl = set(m.group(1).split())
-      flags = " ".join(x for x in ("avx2", "fma", "avx512f") if x in fl)
+      flags = " ".join(x for x in ("avx2", "fma", *TC_FLAGS) if x in fl)
+      flags += f"; lacks {' '.join(x for x in TC_FLAGS if x not in fl)}" if any(x not in fl for x in TC_FLAGS) else ""
   except OSError: pass
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return (f"{datetime.date.today().isoformat()}, {model} ({cores} cores{', ' + flags if flags else ''}), Python {platform.python_version()}, "
@@ -660,6 +718,7 @@ def rate(res: dict[str, Any], wl: Workload) -> float | None:
 
 def cell(res: dict[str, Any] | None, wl: Workload) -> str:
   if res is None: return "n/a"
+  if res.get("na"): return f"n/a ({res['why']})"
   if res.get("skipped"): return "skipped"
   if res.get("timeout"): return "timeout"
   if res.get("error"): return "error"
@@ -670,7 +729,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   default_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
   ap.add_argument("--threads", type=int, default=default_threads, help=f"threads for every framework (default: all cores, {default_threads})")
-  ap.add_argument("--quick", action="store_true", help="a fast subset: matmul 512, a*b+c, sum, row-sum, scaling on a*b+c")
+  ap.add_argument("--quick", action="store_true", help="a fast subset: matmul 512 (fp32, bf16, u8xs8), a*b+c, sum, row-sum, scaling on a*b+c")
   ap.add_argument("--reps", type=int, default=None, help="timed runs per measurement (default 5, --quick 3; 3 when a run takes > 2 s)")
   ap.add_argument("--rounds", type=int, default=None, help="rounds over the frameworks per workload, each reporting its median; the best "
                   "round is kept (default 2, --quick 1; measurements over 3 s run once)")
@@ -696,8 +755,9 @@ def main() -> None:
   t_begin = time.perf_counter()
   reps = args.reps or (3 if args.quick else 5)
   rounds = args.rounds or (1 if args.quick else 2)
-  keys = ["matmul512", "ew", "sum", "rowsum"] if args.quick else ["matmul512", "matmul1024", "matmul2048", "ew", "sum", "rowsum", "conv",
-                                                                                        "softmax", "layernorm", "sdpa", "proj"]
+  low = ["bf16mm512", "i8mm512"] if args.quick else [f"{fam}{n}" for fam in ("bf16mm", "i8mm") for n in LOW_SIZES]
+  keys = (["matmul512", "ew", "sum", "rowsum"] if args.quick else ["matmul512", "matmul1024", "matmul2048", "ew", "sum", "rowsum", "conv",
+                                                                  "softmax", "layernorm", "sdpa", "proj"]) + low
   if args.keys: keys = args.keys.split(",")
   frameworks = [f for f in FRAMEWORKS if args.only is None or f in args.only.split(",")]
   logdir = tempfile.mkdtemp(prefix="plugrad-bench-cpu-")
@@ -734,7 +794,11 @@ def main() -> None:
       for f in names[rnd % len(names):] + names[:rnd % len(names)]:  # each round starts with another framework
         if key not in ("matmul1024", "ew") and "@" in f: continue  # the 1-thread plugrad worker only runs the scaling pair
         prev = results[key].get(f)
-        if rnd == 0 and key == "matmul2048" and (why := predict_2048(results, f, args.cap)):
+        fam = key.rstrip("0123456789")
+        if rnd == 0 and (why := UNSUPPORTED.get((fam, f.split("@")[0]))):
+          results[key][f] = {"key": key, "skipped": True, "why": why, "na": True}
+          continue
+        if rnd == 0 and "mm" in key and (why := predict_big(results, key, f, args.cap)):
           results[key][f] = {"key": key, "skipped": True, "why": why}
           continue
         if rnd > 0 and (prev is None or "median" not in prev or sum(prev["times"]) > ROUND_LIMIT): continue  # slow: one round
@@ -773,12 +837,15 @@ def main() -> None:
     if key == "ew" and isinstance(stream, dict):
       c = stream.get("fused_median", 0.0)
       parts.append(f"C a*b+c {fmt(c)}" + (f" ({p / c:.3g}x)" if p and c else ""))
+    if "tensor_cores" in row.get("plugrad", {}) and key.startswith(("bf16mm", "i8mm")):
+      parts.append(f"plugrad's tensor cores: {row['plugrad']['tensor_cores']}")
     print(f"{wl.label:32s} {wl.unit:6s}  " + " | ".join(parts))
     for f, res in row.items():
       if res.get("cores"): busy[f].append(res["cores"])
       if res.get("error"): problems.append(f"{wl.label}: {f} failed: {res['error']}")
       elif res.get("timeout"): problems.append(f"{wl.label}: {f} timeout (one measurement over {args.cap:.0f} s)")
-      elif res.get("skipped"): problems.append(f"{wl.label}: {f} skipped: {res['why']}")
+      elif res.get("skipped"):
+        if not res.get("na"): problems.append(f"{wl.label}: {f} skipped: {res['why']}")
       else:
         if res.get("relerr", 0) > wl.tol or not res.get("shape_ok", True):
           problems.append(f"MISMATCH {wl.label}: {f} relative error {res['relerr']:.2e} > {wl.tol:.0e} (vs float64 numpy)")

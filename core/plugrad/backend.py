@@ -67,6 +67,8 @@ from plugrad.renderer.cstyle import CStyleRenderer, Ptr, c_identifier, float32_r
 from plugrad.renderer.tensor_cores import (
   AMD_MFMA_TENSOR_CORES,
   AMD_TENSOR_CORES,
+  CPU_AMX_TENSOR_CORES,
+  CPU_AVX512_TENSOR_CORES,
   CUDA_TENSOR_CORES,
   METAL_TENSOR_CORES,
   TensorCore,
@@ -93,6 +95,7 @@ __all__ = [
   "index_parts", "and_gates",
   "no_signed_wrap",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
+  "CPU_AMX_TENSOR_CORES", "CPU_AVX512_TENSOR_CORES",
   # compiling, memory, running, batching
   "Compiler", "Allocator", "StagedAllocator", "BufferSpec", "Buffer", "Dims", "Runtime",
   "GraphKernel", "GraphRunner", "DriverGraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",

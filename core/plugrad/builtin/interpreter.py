@@ -240,8 +240,8 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
     try: tc = find_tensor_core(arg)
     except UnknownTensorCoreError as e: return str(e)
     if tc not in p.target.tensor_cores: return f"{tc.device}/{tc.name} is not a tensor core of target {p.target.name}"
-    din = dtypes.float32 if tc.dtype_in is dtypes.bfloat16 else tc.dtype_in  # emulated bfloat16: float32 fragments
-    want = (din.vec(tc.elements[0]), din.vec(tc.elements[1]), tc.dtype_out.vec(tc.elements[2]))
+    def held(d: DType) -> DType: return dtypes.float32 if d is dtypes.bfloat16 else d  # emulated bfloat16: float32 fragments
+    want = (held(tc.dtype_in).vec(tc.elements[0]), held(tc.dtype_b).vec(tc.elements[1]), tc.dtype_out.vec(tc.elements[2]))
     if tuple(sd) != want or dt is not want[2]: return f"WMMA {tc.name} needs fragments {want} and returns {want[2]!r}"
     p.tcs[i] = tc
     return None

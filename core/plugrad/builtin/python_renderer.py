@@ -15,10 +15,11 @@ nothing for None).
 None of the first four contains spaces. Args and dtypes are written as Python literals plus a few names (dtype names,
 `AxisType.X`, `AddrSpace.X`, `Ops.X`, `inf`, `nan`) and read back by a small parser that evaluates nothing else.
 
-`EMULATE=CUDA|METAL|AMD|AMD_MFMA` (read when the renderer is built) makes the PYTHON device describe that device instead of
-itself: its workgroup limits, shared memory and tensor cores. The codegen then lowers for it and the interpreter,
-which reads the target from the header, runs and checks that lowering. `AMD` is RDNA3 (wave32 WMMA), `AMD_MFMA` CDNA3
-(MI300, gfx942: wave64 MFMA).
+`EMULATE=CUDA|METAL|AMD|AMD_MFMA|CPU_AVX512|CPU_AMX` (read when the renderer is built) makes the PYTHON device describe
+that device instead of itself: its workgroup limits, shared memory and tensor cores. The codegen then lowers for it and
+the interpreter, which reads the target from the header, runs and checks that lowering. `AMD` is RDNA3 (wave32 WMMA),
+`AMD_MFMA` CDNA3 (MI300, gfx942: wave64 MFMA). The CPU targets describe an x86 CPU: no workgroups, 16-wide vectors, and
+its tensor cores (AVX-512 BF16/VNNI; `CPU_AMX` adds the AMX tiles), which the optimizer then uses in their CPU form.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from typing import Any, NamedTuple
 from plugrad.backend import (
   AMD_MFMA_TENSOR_CORES,
   AMD_TENSOR_CORES,
+  CPU_AMX_TENSOR_CORES,
+  CPU_AVX512_TENSOR_CORES,
   CUDA_TENSOR_CORES,
   METAL_TENSOR_CORES,
   AddrSpace,
@@ -61,10 +64,12 @@ class Target:
   tensor_cores: tuple[TensorCore, ...]
   dtypes: frozenset[str]             # the dtype capabilities
   global_max: Dims3 = (2**31 - 1, 65535, 65535)
+  workgroups: bool = True            # False: a CPU (no LOCAL ranges or shared memory; tensor cores in their CPU form)
+  vector_width: int = 4              # float lanes the optimizer may put in one vector value
 
   @property
   def capabilities(self) -> frozenset[str]:
-    return self.dtypes | {"locals", "shared"} | ({"tensor_cores"} if self.tensor_cores else set())
+    return self.dtypes | ({"locals", "shared"} if self.workgroups else set()) | ({"tensor_cores"} if self.tensor_cores else set())
 
 
 TARGETS: dict[str, Target] = {
@@ -77,6 +82,9 @@ TARGETS: dict[str, Target] = {
   "AMD": Target("AMD", (1024, 1024, 1024), 1024, 65536, AMD_TENSOR_CORES, _DTYPE_CAPS),
   # CDNA3 (MI300, gfx942): 1024 work-items per workgroup, 64 KiB of LDS per workgroup, wave64 MFMA
   "AMD_MFMA": Target("AMD_MFMA", (1024, 1024, 1024), 1024, 65536, AMD_MFMA_TENSOR_CORES, _DTYPE_CAPS),
+  # x86 CPUs (plugrad-cpu on Zen 4/5 or Cooper Lake: AVX-512 BF16 + VNNI; Sapphire Rapids and later: AMX too)
+  "CPU_AVX512": Target("CPU_AVX512", (1, 1, 1), 1, 0, CPU_AVX512_TENSOR_CORES, _DTYPE_CAPS, workgroups=False, vector_width=16),
+  "CPU_AMX": Target("CPU_AMX", (1, 1, 1), 1, 0, CPU_AMX_TENSOR_CORES, _DTYPE_CAPS, workgroups=False, vector_width=16),
 }
 
 
@@ -104,6 +112,8 @@ class PythonRenderer(Renderer):
     self.emulate = None if self.target.name == "PYTHON" else self.target.name
     t = self.target
     self.global_max, self.local_max, self.shared_max = t.global_max, t.local_max, t.shared_max
+    if not t.workgroups: self.has_local = self.has_shared = False
+    self.vector_width = t.vector_width
     self.tensor_cores, self.capabilities = t.tensor_cores, t.capabilities
     self.validate()
 

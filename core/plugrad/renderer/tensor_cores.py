@@ -2,8 +2,9 @@
 
 A `TensorCore` computes `D = A @ B + C` for one group of `threads` lanes (a warp, SIMD-group or wave), where A is
 M×K, B is K×N and C, D are M×N. No lane holds a whole matrix: each holds a few elements (a *fragment*) of each, and
-which (row, col) lives in which (lane, element) is the instruction's layout. Both sides of the contract read the
-same tables: the codegen loads and stores fragments by them, and the PYTHON interpreter assembles the matrices from
+which (row, col) lives in which (lane, element) is the instruction's layout. A and B have the same dtype unless
+`dtype_in_b` says otherwise (API 2.5: x86's `vpdpbusd` multiplies unsigned by signed bytes). Both sides of the
+contract read the same tables: the codegen loads and stores fragments by them, and the PYTHON interpreter assembles the matrices from
 them to execute `Ops.WMMA` — so a wrong layout here, or a lowering that disagrees with it, fails the emulate tier.
 
 **The WMMA uop** (stage 3, the linear program):
@@ -11,7 +12,7 @@ them to execute `Ops.WMMA` — so a wrong layout here, or a lowering that disagr
 ```
 UOp(Ops.WMMA, tc.dtype_out.vec(tc.elements[2]), (a, b, c), arg=tc.wmma_arg)
   a: tc.dtype_in.vec(tc.elements[0])    this lane's fragment of A, element e at tc.a_layout[lane][e]
-  b: tc.dtype_in.vec(tc.elements[1])    this lane's fragment of B, element e at tc.b_layout[lane][e]
+  b: tc.dtype_b.vec(tc.elements[1])     this lane's fragment of B, element e at tc.b_layout[lane][e]
   c: tc.dtype_out.vec(tc.elements[2])   this lane's fragment of C; the result is D in the same layout (tc.c_layout)
   arg = (tc.name, tc.device, tc.dims)   the name identifies the instruction within its device family; dims = (N, M, K)
 ```
@@ -19,6 +20,15 @@ UOp(Ops.WMMA, tc.dtype_out.vec(tc.elements[2]), (a, b, c), arg=tc.wmma_arg)
 `lane` is the thread's position in its group: the linear local id (`lidx0 + lidx1*l0 + lidx2*l0*l1`) modulo
 `threads`; the workgroup size must be a multiple of `threads`, and every lane of a group executes the WMMA together.
 Use `find_tensor_core(arg)` to get the description back from a uop's arg, and `tc.wmma(a, b, c)` to build one.
+
+**CPU tensor cores** (family "CPU", API 2.5: `CPU_AMX_TENSOR_CORES`, `CPU_AVX512_TENSOR_CORES`). A CPU instruction is
+executed by one thread, so `threads` is 1 and the single "lane" holds the instruction's whole operands: a fragment is
+the vector register (AVX-512) or the tile (AMX) in the element order the instruction reads it. The TC action then adds
+no LOCAL range (opt/tc.py), the interpreter runs each WMMA on one thread's values, and a renderer maps fragment
+element e to the register's element e. Where the hardware broadcasts one operand (AVX-512: A's K-long row, one 32-bit
+group, to all 16 lanes), the fragment holds it once and the renderer broadcasts it. B is in the instruction's
+*VNNI* order: the K values of one column are adjacent (element K·n + p of a 512-bit register is B[p][n]; an AMX B tile
+row r holds rows K_r·r .. K_r·r+K_r-1 of B that way, K_r = 4 / bytes per element).
 """
 from __future__ import annotations
 
@@ -50,6 +60,7 @@ class TensorCore:
   b_layout: Layout                   # (row, col) of B (K×N)
   c_layout: Layout                   # (row, col) of C and D (M×N)
   source: str = ""                   # where the layout is documented
+  dtype_in_b: DType | None = None    # of B when it differs from A's (API 2.5); None: dtype_in
 
   @property
   def n(self) -> int: return self.dims[0]
@@ -57,6 +68,8 @@ class TensorCore:
   def m(self) -> int: return self.dims[1]
   @property
   def k(self) -> int: return self.dims[2]
+  @property
+  def dtype_b(self) -> DType: return self.dtype_in if self.dtype_in_b is None else self.dtype_in_b
   @property
   def wmma_arg(self) -> tuple[str, str, tuple[int, int, int]]: return (self.name, self.device, self.dims)
 
@@ -67,7 +80,8 @@ class TensorCore:
     if not (isinstance(self.elements, tuple) and len(self.elements) == 3 and all(isinstance(e, int) and e > 0 for e in self.elements)):
       raise ValueError(f"{who}: elements must be three positive ints (A, B, C per lane), got {self.elements!r}")
     if not isinstance(self.threads, int) or self.threads <= 0: raise ValueError(f"{who}: threads must be a positive int, got {self.threads!r}")
-    if self.dtype_in.count != 1 or self.dtype_out.count != 1: raise ValueError(f"{who}: dtype_in and dtype_out must be scalar dtypes")
+    if self.dtype_in.count != 1 or self.dtype_out.count != 1 or self.dtype_b.count != 1:
+      raise ValueError(f"{who}: dtype_in, dtype_in_b and dtype_out must be scalar dtypes")
     n, m, k = self.dims
     for what, layout, (rows, cols), count, exact in (("A", self.a_layout, (m, k), self.elements[0], False),
                                                      ("B", self.b_layout, (k, n), self.elements[1], False),
@@ -82,7 +96,7 @@ class TensorCore:
 
   def wmma(self, a: UOp, b: UOp, c: UOp) -> UOp:
     """The WMMA uop of this tensor core on fragments `a`, `b`, `c` (checked against the fragment dtypes)."""
-    want = (self.dtype_in.vec(self.elements[0]), self.dtype_in.vec(self.elements[1]), self.dtype_out.vec(self.elements[2]))
+    want = (self.dtype_in.vec(self.elements[0]), self.dtype_b.vec(self.elements[1]), self.dtype_out.vec(self.elements[2]))
     for what, u, dt in zip("abc", (a, b, c), want):
       if not isinstance(u, UOp) or u.dtype is not dt:
         got = repr(u.dtype) if isinstance(u, UOp) else type(u).__name__
@@ -170,8 +184,40 @@ AMD_MFMA_TENSOR_CORES: tuple[TensorCore, ...] = tuple(
   _tc("AMD_MFMA", (16, 16, 16), din, dtypes.float32, (4, 4, 4), _AMD_MFMA_SRC, _mfma_a, _mfma_b, _mfma_c, threads=64)
   for din in (dtypes.float16, dtypes.bfloat16))
 
+
+# ---- CPU (x86): AMX tiles and AVX-512 dot-product instructions, one thread each (threads=1, see the module doc)
+# Source: Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 2 (TDPBF16PS, TDPBSSD, VDPBF16PS,
+# VPDPBUSD) and the Intel AMX chapter of vol. 1 (tiles of up to 16 rows of 64 bytes). Integer TCs accumulate in int32
+# with wraparound (no saturation), bf16 ones in float32.
+#   tdpbf16ps (AMX-BF16): C tile 16x16 fp32, A tile 16 rows x 32 bf16 (row-major), B tile 16 rows x 16 bf16 pairs:
+#     tile element 32r + 2n + p is B[2r + p][n].
+#   tdpbssd (AMX-INT8): C tile 16x16 int32, A tile 16 rows x 64 int8, B tile 16 rows x 16 groups of 4 int8:
+#     tile element 64r + 4n + p is B[4r + p][n].
+#   vdpbf16ps (AVX512-BF16, zmm): lane n of the 16 fp32 accumulators += A[0]*B[0][n] + A[1]*B[1][n]; A is one bf16 pair
+#     (broadcast), B 32 bf16 with element 2n + p = B[p][n].
+#   vpdpbusd (AVX512-VNNI, zmm): lane n of the 16 int32 accumulators += sum_p u8 A[p] * s8 B[p][n] for p < 4; A is 4
+#     unsigned bytes (broadcast), B 64 signed bytes with element 4n + p = B[p][n].
+_X86_SRC = "Intel SDM vol. 2: TDPBF16PS, TDPBSSD, VDPBF16PS, VPDPBUSD; vol. 1: Intel AMX"
+
+
+def _x86(name: str, dims: tuple[int, int, int], din: DType, dout: DType, dinb: DType | None = None) -> TensorCore:
+  n, m, k = dims
+  group = 4 // din.itemsize  # the K values of one B column that sit together in a 32-bit element
+  def a(_: int, e: int) -> tuple[int, int]: return e // k, e % k
+  def b(_: int, e: int) -> tuple[int, int]: return group * (e // (n * group)) + e % group, (e % (n * group)) // group
+  def c(_: int, e: int) -> tuple[int, int]: return e // n, e % n
+  return TensorCore(name, "CPU", dims, din, dout, 1, (m * k, k * n, m * n), make_layout(1, m * k, a), make_layout(1, k * n, b),
+                    make_layout(1, m * n, c), _X86_SRC, dinb)
+
+
+CPU_AVX512_TENSOR_CORES: tuple[TensorCore, ...] = (_x86("vdpbf16ps", (16, 1, 2), dtypes.bfloat16, dtypes.float32),
+                                                   _x86("vpdpbusd", (16, 1, 4), dtypes.uint8, dtypes.int32, dtypes.int8))
+# AMX first: the optimizer takes the first tensor core whose dtypes and sizes fit (AVX-512 for what AMX has no form of)
+CPU_AMX_TENSOR_CORES: tuple[TensorCore, ...] = (_x86("tdpbf16ps", (16, 16, 32), dtypes.bfloat16, dtypes.float32),
+                                                _x86("tdpbssd", (16, 16, 64), dtypes.int8, dtypes.int32), *CPU_AVX512_TENSOR_CORES)
+
 TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {"CUDA": CUDA_TENSOR_CORES, "METAL": METAL_TENSOR_CORES, "AMD": AMD_TENSOR_CORES,
-                                                   "AMD_MFMA": AMD_MFMA_TENSOR_CORES}
+                                                   "AMD_MFMA": AMD_MFMA_TENSOR_CORES, "CPU": CPU_AMX_TENSOR_CORES}
 
 
 class UnknownTensorCoreError(ValueError):

@@ -384,12 +384,13 @@ def _np_threefry(x: np.ndarray, key: int) -> np.ndarray:
 
 def tensor_core(tc: TensorCore) -> Callable[[Renderer], SuiteKernel]:
   """One WMMA of the device's tensor core: every lane loads its A/B/C elements by the layout, D = A @ B + C is stored
-  back by the C layout. Checks that the device (or its emulation) and the shared layout description agree."""
+  back by the C layout. Checks that the device (or its emulation) and the shared layout description agree. A one-thread
+  instruction (a CPU's: threads=1) runs without a workgroup."""
   def build(r: Renderer) -> SuiteKernel:
     n, m, kk = tc.dims  # A is m×kk, B is kk×n, C and D are m×n (row-major here)
     k = LinearBuilder()
-    d, a, b, c = (k.glob(0, tc.dtype_out, m * n), k.glob(1, tc.dtype_in, m * kk), k.glob(2, tc.dtype_in, kk * n), k.glob(3, tc.dtype_out, m * n))
-    lane = k.emit(UOp(Ops.SPECIAL, I32, (k.const(I32, tc.threads),), "lidx0"))
+    d, a, b, c = (k.glob(0, tc.dtype_out, m * n), k.glob(1, tc.dtype_in, m * kk), k.glob(2, tc.dtype_b, kk * n), k.glob(3, tc.dtype_out, m * n))
+    lane = k.emit(UOp(Ops.SPECIAL, I32, (k.const(I32, tc.threads),), "lidx0")) if tc.threads > 1 else k.const(I32, 0)
 
     def frag(buf: UOp, layout: Any, cols: int, dt: DType) -> UOp:
       vals = []
@@ -403,7 +404,7 @@ def tensor_core(tc: TensorCore) -> Callable[[Renderer], SuiteKernel]:
         vals.append(k.load(buf, flat))
       return k.emit(UOp(Ops.VECTORIZE, dt.vec(len(vals)), tuple(vals)))
 
-    fa, fb, fc = frag(a, tc.a_layout, kk, tc.dtype_in), frag(b, tc.b_layout, n, tc.dtype_in), frag(c, tc.c_layout, n, tc.dtype_out)
+    fa, fb, fc = frag(a, tc.a_layout, kk, tc.dtype_in), frag(b, tc.b_layout, n, tc.dtype_b), frag(c, tc.c_layout, n, tc.dtype_out)
     res = k.emit(tc.wmma(fa, fb, fc))
     for e in range(len(tc.c_layout[0])):
       flat = k.const(I32, tc.c_layout[0][e][0] * n + tc.c_layout[0][e][1])
@@ -412,13 +413,16 @@ def tensor_core(tc: TensorCore) -> Callable[[Renderer], SuiteKernel]:
         flat = k.emit(UOp(Ops.WHERE, I32, (k.alu(Ops.CMPEQ, lane, k.const(I32, ln)), k.const(I32, row * n + col), flat)))
       k.store(d, flat, k.emit(res.gep(e)))
     rng = np.random.default_rng(14)
-    A = as_dtype(rng.uniform(-1, 1, m * kk), tc.dtype_in)
-    B = as_dtype(rng.uniform(-1, 1, kk * n), tc.dtype_in)
-    C = as_dtype(rng.uniform(-1, 1, m * n), tc.dtype_out)
+    def values(size: int, dt: DType) -> np.ndarray:  # integers over the dtype's range (an int TC's products are exact)
+      if dtypes.is_int(dt): return rng.integers(max(dtypes.min(dt), -100), min(dtypes.max(dt), 100) + 1, size).astype(np_dtype(dt))
+      return as_dtype(rng.uniform(-1, 1, size), dt)
+    A, B, C = values(m * kk, tc.dtype_in), values(kk * n, tc.dtype_b), values(m * n, tc.dtype_out)
     want = (A.astype(np.float64).reshape(m, kk) @ B.astype(np.float64).reshape(kk, n) + C.astype(np.float64).reshape(m, n)).reshape(-1)
+    exact = dtypes.is_int(tc.dtype_out)
     return SuiteKernel(f"wmma_{tc.name}", k.linear, {1: A, 2: B, 3: C}, {0: as_dtype(want, tc.dtype_out)},
-                       {0: m * n, 1: m * kk, 2: kk * n, 3: m * n}, {0: tc.dtype_out, 1: tc.dtype_in, 2: tc.dtype_in, 3: tc.dtype_out},
-                       frozenset({"tensor_cores", "locals"}) | _dtype_needs(tc.dtype_in), rtol=1e-2, atol=1e-2)
+                       {0: m * n, 1: m * kk, 2: kk * n, 3: m * n}, {0: tc.dtype_out, 1: tc.dtype_in, 2: tc.dtype_b, 3: tc.dtype_out},
+                       frozenset({"tensor_cores"} | ({"locals"} if tc.threads > 1 else set())) | _dtype_needs(tc.dtype_in),
+                       rtol=0 if exact else 1e-2, atol=0 if exact else 1e-2)
   return build
 
 
@@ -563,15 +567,17 @@ def device_kernels(renderer: Renderer) -> dict[str, Callable[[Renderer], SuiteKe
 
 # ---- helpers for a backend's own tests (hand-built kernels beyond the suite)
 
-def matmul_ast(m: int, n: int, k: int, dtype_in: DType, dtype_out: DType, name: str = "tc_mm") -> UOp:
-  """The kernel AST of out (m×n, `dtype_out`) = a (m×k) @ b (k×n), both `dtype_in`, products accumulated in `dtype_out`:
-  the shape the optimizer's TC action maps onto a tensor core of that dtype pair (`get_program(ast, renderer,
-  opts=[Opt(OptOps.TC, 0)])`), so a backend's tests can check what its tensor cores render and compile to."""
+def matmul_ast(m: int, n: int, k: int, dtype_in: DType, dtype_out: DType, name: str = "tc_mm", dtype_in_b: DType | None = None) -> UOp:
+  """The kernel AST of out (m×n, `dtype_out`) = a (m×k) @ b (k×n), both `dtype_in` (b: `dtype_in_b` when given),
+  products formed and accumulated in `dtype_out`: the shape the optimizer's TC action maps onto a tensor core of that
+  dtype pair (`get_program(ast, renderer, opts=[Opt(OptOps.TC, 0)])`), so a backend's tests can check what its tensor
+  cores render and compile to."""
+  db = dtype_in if dtype_in_b is None else dtype_in_b
   out, a, b = (UOp(Ops.DEFINE_GLOBAL, dtype_out.ptr(m * n), (), 0), UOp(Ops.DEFINE_GLOBAL, dtype_in.ptr(m * k), (), 1),
-               UOp(Ops.DEFINE_GLOBAL, dtype_in.ptr(k * n), (), 2))
+               UOp(Ops.DEFINE_GLOBAL, db.ptr(k * n), (), 2))
   i, j, r = UOp.range(m, 0), UOp.range(n, 1), UOp.range(k, 2, AxisType.REDUCE)
   la, lb = a.index(i * k + r).load(), b.index(r * n + j).load()
-  prod = la.cast(dtype_out) * lb.cast(dtype_out) if dtype_in is not dtype_out else la * lb
+  prod = la.cast(dtype_out) * lb.cast(dtype_out) if dtype_in is not dtype_out or db is not dtype_out else la * lb
   red = UOp(Ops.REDUCE, dtype_out, (prod, r), Ops.ADD)
   st = out.index(i * n + j).store(red)
   return UOp(Ops.END, dtypes.void, (st, i, j)).sink(arg=KernelInfo(name))

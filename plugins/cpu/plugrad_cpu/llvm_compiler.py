@@ -57,6 +57,18 @@ def host_float_lanes() -> int:
   return 16 if "+avx512f" in feats else 8 if "+avx2" in feats else 4
 
 
+def _target_machine(cpu: str, features: str) -> Any:
+  """The target machine for CPU `cpu` with `features` (the host's, or another x86 CPU's for the compile tier); call with
+  `_lock` held."""
+  llvm = _llvm()
+  if (cpu, features) == _state["host"]: return _state["tm"]
+  key = f"tm {cpu} {features}"
+  if key not in _state:
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    _state[key] = target.create_target_machine(cpu=cpu, features=features, opt=OPT_LEVEL, reloc="pic", codemodel="small")
+  return _state[key]
+
+
 def _quick_pipeline(llvm: Any) -> Any:
   mpm = llvm.create_new_module_pass_manager()
   for add in (mpm.add_sroa_pass, mpm.add_instruction_combine_pass, mpm.add_simplify_cfg_pass, mpm.add_new_gvn_pass,
@@ -69,20 +81,31 @@ class LLVMCompiler(Compiler):
   Concurrent: llvmlite calls LLVM through ctypes, which lets go of the GIL, so a compile on the engine's compile thread
   runs while the engine renders the next kernel (compiles themselves are serialized by `_lock` and llvmlite's own)."""
   concurrent = True
-  def __init__(self) -> None:
+  def __init__(self, cpu: str | None = None, features: str = "") -> None:
+    """`cpu`: compile for that CPU (an LLVM name such as "sapphirerapids", with `features` added to its own) instead of the
+    host: the compile tier's objects for a machine this is not (never loaded here)."""
     import llvmlite
     import llvmlite.binding as llvm
-    cpu, feats = host()
+    cpu, feats = host() if cpu is None else (cpu, features)
+    self.target = (cpu, feats)
     digest = hashlib.sha256(feats.encode()).hexdigest()[:16]
     self.cache_key = (f"plugrad-cpu-llvm llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} "
                       f"cpu={cpu} features={digest} O{OPT_LEVEL}")
 
   def __repr__(self) -> str: return f"<LLVMCompiler {self.cache_key}>"
 
-  def compile(self, src: str) -> bytes:
+  def compile(self, src: str) -> bytes: return bytes(self._emit(src, "object"))
+
+  def disassemble(self, lib: bytes) -> str: return objdump(lib, ".o")
+
+  def assembly(self, src: str) -> str:
+    """The assembly of IR `src` through the same pipeline as `compile` (what the compile tier's tests read)."""
+    return str(self._emit(src, "assembly"))
+
+  def _emit(self, src: str, what: str) -> Any:
     with _lock:
       llvm = _llvm()
-      tm = _state["tm"]
+      tm = _target_machine(*self.target)
       try:
         mod = llvm.parse_assembly(src)
         mod.verify()
@@ -96,10 +119,8 @@ class LLVMCompiler(Compiler):
       pb = llvm.create_pass_builder(tm, pto)
       try:
         (_quick_pipeline(llvm) if src.startswith(QUICK_MARK) else pb.getModulePassManager()).run(mod, pb)
-        return bytes(tm.emit_object(mod))
+        return tm.emit_object(mod) if what == "object" else tm.emit_assembly(mod)
       except RuntimeError as e: raise CompileError(f"LLVM failed to compile the IR: {str(e).strip()}") from None
-
-  def disassemble(self, lib: bytes) -> str: return objdump(lib, ".o")
 
 
 def load_object(obj: bytes, symbol: str) -> tuple[Any, int]:

@@ -11,6 +11,12 @@ Values: bool is `i1` (a byte in memory), float16 computes in `float` and is roun
 never gets here (the codegen emulates it with float32 values and uint16 memory, codegen/decompose.py). Register arrays
 (DEFINE_REG) are `alloca`s in the entry block, which the O2 pipeline's SROA turns into registers. A gated load or
 store branches around the access, so memory is never touched when the gate is false.
+
+Tensor cores (`tensor_cores`, tensor_cores.py) are LLVM's x86 intrinsics: `llvm.x86.avx512bf16.dpbf16ps.512` and
+`llvm.x86.avx512.vpdpbusd.512` on the fragments (A's 32-bit group broadcast), and for AMX the shaped `.internal` forms
+(`llvm.x86.tileloadd64.internal`, `llvm.x86.tdpbf16ps.internal` / `tdpbssd.internal`, `llvm.x86.tilestored64.internal`)
+through 64-byte-aligned stack buffers: LLVM writes the tile configuration (`ldtilecfg`) and the `tilerelease` itself.
+bfloat16 fragments are float32 lanes holding bfloat16 numbers (the emulation): their top halves are taken exactly.
 """
 from __future__ import annotations
 
@@ -28,16 +34,19 @@ from plugrad.backend import (
   PtrDType,
   Renderer,
   RendererError,
+  TensorCore,
   UOp,
   and_gates,
   c_identifier,
   dtypes,
+  find_tensor_core,
   index_parts,
   linear_parts,
   no_signed_wrap,
 )
 from plugrad_cpu.llvm_compiler import QUICK_MARK
-from plugrad_cpu.renderer import PARALLEL_MARK, CPUMath, cpu_order
+from plugrad_cpu.renderer import PARALLEL_MARK, CPUMath, cpu_order, with_tensor_cores
+from plugrad_cpu.tensor_cores import AMX_MARK
 
 _F16 = dtypes.float16
 _CMP_F = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}
@@ -108,13 +117,15 @@ class LLVMRenderer(CPUMath):
   supports_float4 = True
   capabilities = frozenset({"float16", "bfloat16", "float64", "int64"})
 
-  def __init__(self, device: str, vector_width: int | None = None, cpu: str | None = None, features: str | None = None):
+  def __init__(self, device: str, vector_width: int | None = None, cpu: str | None = None, features: str | None = None,
+               tensor_cores: tuple[TensorCore, ...] = ()):
     super().__init__(device)
     if cpu is None or features is None or vector_width is None:
       from plugrad_cpu.llvm_compiler import host, host_float_lanes
       cpu, features = (cpu, features) if cpu is not None and features is not None else host()
       vector_width = host_float_lanes() if vector_width is None else vector_width
     self.cpu, self.features, self.vector_width = cpu, features, vector_width
+    with_tensor_cores(self, tensor_cores)
     self.validate()
 
   def __repr__(self) -> str: return f"<LLVMRenderer {self.device}: {self.cpu}, {self.vector_width}-wide float vectors>"
@@ -146,6 +157,7 @@ class _Kernel:
     self.block = "entry"
     self.open: list[tuple] = []  # the blocks open now: ("if", end label) or ("loop", i, type, head, done, phi line, lo, pre-header)
     self.split: UOp | None = None
+    self.amx: tuple[str, str, str] | None = None  # the stack buffers of the AMX tiles (A, B, C), once a WMMA needs them
 
   # ---- emitting
   def tmp(self, base: str = "t") -> str:
@@ -244,7 +256,7 @@ class _Kernel:
       if u.op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR): self.uop(i, u)
     while self.open: self.close()
     attrs = f'"target-cpu"="{self.r.cpu}" "target-features"="{self.r.features}"'
-    head = [] if fname == kname else [f"; kernel {kname!r}"]
+    head = ([] if fname == kname else [f"; kernel {kname!r}"]) + ([f"; {AMX_MARK}"] if self.amx else [])
     return "\n".join([*head, f"define void @{fname}({', '.join(params)}) #0 {{", "entry:", *self.allocas, *self.body, "  ret void", "}", "",
                       *self.decls.values(), "", f"attributes #0 = {{ nounwind {attrs} }}",
                       f"attributes #1 = {{ nounwind alwaysinline {attrs} }}", ""])
@@ -299,8 +311,9 @@ class _Kernel:
       size = (u.dtype.size if isinstance(u.dtype, PtrDType) else 1) * base.count
       self.allocas.append(f"  %acc{i} = alloca [{size} x {memory_type(base.scalar())}], align 64")
       self.ptrs[u] = Ptr(f"%acc{i}", None, None, base.scalar())
-    elif op in (Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA):
-      raise RendererError(f"the CPU has no workgroups or tensor cores: LLVMRenderer cannot render {op.name} (uop #{i})")
+    elif op is Ops.WMMA: v[u] = self.wmma(u)
+    elif op in (Ops.DEFINE_LOCAL, Ops.BARRIER):
+      raise RendererError(f"the CPU has no workgroups: LLVMRenderer cannot render {op.name} (uop #{i})")
     elif op in (Ops.CUSTOM, Ops.CUSTOMI): raise RendererError(f"LLVMRenderer cannot render {op.name} (uop #{i}): its code is C text")
     elif isinstance(u.dtype, PtrDType): self.pointer(u)
     elif op is Ops.LOAD: v[u] = self.load(u)
@@ -420,6 +433,52 @@ class _Kernel:
     inexact = self.emit(f"fcmp one {dt} {back}, {x}")
     bits = self.emit(f"or {it} {bits}, {self.emit(f'zext {b1} {inexact} to {it}')}")
     return self.emit(f"bitcast {it} {bits} to {ft}")
+
+  # ---- tensor cores
+  def bf16_bits(self, x: str, n: int) -> str:
+    """`<n x bfloat>` of float lanes `x` that hold bfloat16 numbers: their top halves, exactly."""
+    hi = self.emit(f"lshr <{n} x i32> {self.emit(f'bitcast <{n} x float> {x} to <{n} x i32>')}, {self.const(16, dtypes.int32.vec(n))}")
+    return self.emit(f"bitcast <{n} x i16> {self.emit(f'trunc <{n} x i32> {hi} to <{n} x i16>')} to <{n} x bfloat>")
+
+  def broadcast32(self, x: str, t: str) -> str:
+    """A 32-bit group `x` of type `t` (<2 x bfloat>, <4 x i8>) in each of 16 lanes, as <16 x i32>."""
+    return self.splat(self.emit(f"bitcast {t} {x} to i32"), dtypes.int32, 16)
+
+  def call(self, ret: str, fn: str, args: list[tuple[str, str]]) -> str:
+    """A call of intrinsic `fn` (declared once) on (type, value) operands; its value ("" for void)."""
+    self.need(fn, f"declare {ret} {fn}({', '.join(t for t, _ in args)})")
+    call = f"call {ret} {fn}({', '.join(f'{t} {x}' for t, x in args)})"
+    if ret == "void":
+      self.line(call)
+      return ""
+    return self.emit(call)
+
+  def wmma(self, u: UOp) -> str:
+    tc = find_tensor_core(u.arg)
+    if tc not in self.r.tensor_cores:
+      raise RendererError(f"{self.r!r} does not declare the tensor core {tc.device}/{tc.name} (CPU_TC, the CPU's features)")
+    a, b, c = (self.v[s] for s in u.src)
+    bf16 = tc.dtype_in is dtypes.bfloat16
+    ct = ltype(u.dtype)
+    if tc.name == "vdpbf16ps":
+      av = self.emit(f"bitcast <16 x i32> {self.broadcast32(self.bf16_bits(a, 2), '<2 x bfloat>')} to <32 x bfloat>")
+      return self.call(ct, "@llvm.x86.avx512bf16.dpbf16ps.512", [(ct, c), ("<32 x bfloat>", av), ("<32 x bfloat>", self.bf16_bits(b, 32))])
+    if tc.name == "vpdpbusd":
+      av = self.emit(f"bitcast <16 x i32> {self.broadcast32(a, '<4 x i8>')} to <64 x i8>")
+      return self.call(ct, "@llvm.x86.avx512.vpdpbusd.512", [(ct, c), ("<64 x i8>", av), ("<64 x i8>", b)])
+    # AMX: 16-row tiles of 64 bytes (A, B, C) through stack buffers; i16 16, i16 64: rows and bytes per row
+    if self.amx is None:
+      self.amx = ("%amx_a", "%amx_b", "%amx_c")
+      self.allocas += [f"  {p} = alloca [1024 x i8], align 64" for p in self.amx]
+    pa, pb, pc = self.amx
+    frag_t = "<512 x bfloat>" if bf16 else "<1024 x i8>"
+    for p, x in ((pa, self.bf16_bits(a, 512) if bf16 else a), (pb, self.bf16_bits(b, 512) if bf16 else b), (pc, c)):
+      self.line(f"store {frag_t if p != pc else ct} {x}, ptr {p}, align 64")
+    shape = [("i16", "16"), ("i16", "64")]
+    ta, tb, tcc = (self.call("x86_amx", "@llvm.x86.tileloadd64.internal", [*shape, ("ptr", p), ("i64", "64")]) for p in (pa, pb, pc))
+    td = self.call("x86_amx", f"@llvm.x86.{tc.name}.internal", [*shape, ("i16", "64"), ("x86_amx", tcc), ("x86_amx", ta), ("x86_amx", tb)])
+    self.call("void", "@llvm.x86.tilestored64.internal", [*shape, ("ptr", pc), ("i64", "64"), ("x86_amx", td)])
+    return self.emit(f"load {ct}, ptr {pc}, align 64")
 
   # ---- helper functions
   def f2i(self) -> str:

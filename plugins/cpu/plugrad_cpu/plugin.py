@@ -61,7 +61,8 @@ def _has_llvmlite() -> bool:
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 100: the default device once installed, unless a GPU plugin (200) is available
   # count: the host is one device (all its cores) unless CPU_DEVICES=N splits it into CPU..CPU:N-1 (API 2.1)
-  return [DeviceSpec(NAME, api=(2, 2), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
+  # api 2.5: the CPU tensor cores (CPU_AMX_TENSOR_CORES, TensorCore.dtype_in_b)
+  return [DeviceSpec(NAME, api=(2, 5), priority=100, probe=probe, description="LLVM IR compiled in-process by llvmlite, or C by the system "
                      "compiler (clang/gcc), run on host threads", count=instances)]
 
 
@@ -75,8 +76,10 @@ def plugrad_renderer(device: str) -> Any:
   tc = toolchain()
   if llvm_mode():
     _need_llvmlite()
+    from plugrad_cpu.llvm_compiler import host
     from plugrad_cpu.llvm_renderer import LLVMRenderer
-    return LLVMRenderer(device, vector_width=tc.float_lanes)
+    from plugrad_cpu.tensor_cores import cpu_features, from_llvm, host_tensor_cores
+    return LLVMRenderer(device, vector_width=tc.float_lanes, tensor_cores=host_tensor_cores(cpu_features(), from_llvm(host()[1])))
   from plugrad_cpu.renderer import c_renderer
   return c_renderer(device)
 

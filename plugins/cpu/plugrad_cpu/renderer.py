@@ -8,6 +8,13 @@ says so with `PARALLEL_MARK`. Kernels without one are run by a single thread.
 16-bit floats: `_Float16` where the compiler has it, else stored as uint16 and converted with round-to-nearest-even,
 exactly like the interpreter; bfloat16 values compute in float and are stored as `__bf16` where the compiler has it
 (`native_bfloat16`), else the codegen emulates them before rendering (codegen/decompose.py).
+
+Tensor cores (`tensor_cores`, chosen by tensor_cores.py from the CPU and the compiler): a WMMA is a call of a small
+helper around the compiler's intrinsics from <immintrin.h> (`_mm512_dpbf16_ps`, `_mm512_dpbusd_epi32`; AMX:
+`_tile_loadconfig`, `_tile_loadd`, `_tile_dpbf16ps` / `_tile_dpbssd`, `_tile_stored`, `_tile_release`). bfloat16
+fragments arrive as floats holding bfloat16 numbers (native or emulated alike), so their top halves are the bfloat16
+bits, taken exactly. The AMX helper configures the tiles itself (16 rows of 64 bytes; the configuration is thread
+state that a call may not preserve) and releases them, so each WMMA stands alone: correct, not fast.
 """
 from __future__ import annotations
 
@@ -25,10 +32,13 @@ from plugrad.backend import (
   PtrDType,
   Renderer,
   RendererError,
+  TensorCore,
   UOp,
   c_identifier,
   dtypes,
+  find_tensor_core,
 )
+from plugrad_cpu.tensor_cores import AMX_MARK, FUSE_ACCUMULATE, emulate_target
 
 # CPUProgram runs a kernel on several threads when its source contains this text (the LLVM renderer writes it as a comment too)
 PARALLEL_MARK = "/* plugrad-cpu: parallel loop, split across core_count threads */"
@@ -80,9 +90,11 @@ class CPURenderer(CPUMath, CStyleRenderer):
   capabilities = frozenset({"float16", "bfloat16", "float64", "int64"})
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "_Bool", dtypes.float16: "_Float16"}
 
-  def __init__(self, device: str, native_float16: bool = True, native_bfloat16: bool = False, vector_width: int = 4):
+  def __init__(self, device: str, native_float16: bool = True, native_bfloat16: bool = False, vector_width: int = 4,
+               tensor_cores: tuple[TensorCore, ...] = ()):
     super().__init__(device)
     self.native_float16, self.native_bfloat16, self.vector_width = native_float16, native_bfloat16, vector_width
+    with_tensor_cores(self, tensor_cores)
     self.validate()
 
   def __repr__(self) -> str:
@@ -109,7 +121,10 @@ class CPURenderer(CPUMath, CStyleRenderer):
 
   def storage_dtype(self, dt: DType) -> DType: return dtypes.uint16 if dt is dtypes.float16 and not self.native_float16 else dt
 
-  def _gnu(self, dt: DType) -> bool: return dt.scalar() is not dtypes.bool and dt.count & (dt.count - 1) == 0
+  # a GNU vector type for power-of-two lane counts below LONG_VECTOR; an AMX tile's fragment (256+ lanes) is a struct of
+  # an array instead: clang spent minutes on a kernel of four 512-lane GNU vectors, the struct form compiles in seconds
+  LONG_VECTOR = 256
+  def _gnu(self, dt: DType) -> bool: return dt.scalar() is not dtypes.bool and dt.count & (dt.count - 1) == 0 and dt.count < self.LONG_VECTOR
 
   def vector_typedef(self, dt: DType, name: str) -> str | None:
     if not self._gnu(dt): return super().vector_typedef(dt, name)
@@ -181,6 +196,43 @@ class CPURenderer(CPUMath, CStyleRenderer):
     s = f'__builtin_nan{sfx}("")' if v != v else f"__builtin_inf{sfx}()" if v > 0 else f"(-__builtin_inf{sfx}())"
     return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.tname(dt)}){s})"
 
+  # ---- tensor cores
+  def render_wmma(self, u: UOp, args: Sequence[str]) -> str:
+    tc = find_tensor_core(u.arg)
+    if tc not in self.tensor_cores:
+      raise RendererError(f"{self!r} does not declare the tensor core {tc.device}/{tc.name} (CPU_TC, the CPU's features)")
+    ta, tb, tcc = (self.tname(self.cdt(s.dtype)) for s in u.src)
+    fn = f"pg_{tc.name}"
+    self.need("immintrin", "#include <immintrin.h>")
+    macro = {"vdpbf16ps": "__AVX512BF16__", "vpdpbusd": "__AVX512VNNI__", "tdpbf16ps": "__AMX_BF16__", "tdpbssd": "__AMX_INT8__"}[tc.name]
+    self.need(f"guard {tc.name}", f'#if !defined({macro})\n#error "{tc.name} needs {macro} (compile for a CPU that has it)"\n#endif')
+    def bits(x: str, n: int) -> str:  # bfloat16 numbers held as floats: the top 16 bits of each float are the bfloat16, exactly
+      u32, u16 = f"pg_u32x{n}", f"pg_u16x{n}"
+      self.need(f"type {u32}", f"typedef unsigned int {u32} __attribute__((vector_size({4 * n})));")
+      self.need(f"type {u16}", f"typedef unsigned short {u16} __attribute__((vector_size({2 * n})));")
+      return f"__builtin_convertvector(({u32}){x} >> 16, {u16})"
+    if tc.name == "vdpbf16ps":  # A's pair is one 32-bit group, broadcast to the 16 lanes
+      body = (f"  pg_u16x2 ah = {bits('a', 2)};\n  unsigned int a32;\n  __builtin_memcpy(&a32, &ah, 4);\n  pg_u16x32 bh = {bits('b', 32)};\n"
+              f"  return ({tcc})_mm512_dpbf16_ps((__m512)c, (__m512bh)_mm512_set1_epi32((int)a32), (__m512bh)bh);")
+    elif tc.name == "vpdpbusd":  # A's 4 unsigned bytes broadcast likewise
+      body = (f"  unsigned int a32;\n  __builtin_memcpy(&a32, &a, 4);\n"
+              f"  return ({tcc})_mm512_dpbusd_epi32((__m512i)c, _mm512_set1_epi32((int)a32), (__m512i)b);")
+    else:
+      self.need("amx config", f"/* {AMX_MARK} */\nstatic const struct {{ unsigned char palette, start_row, reserved[14]; unsigned short colsb[16]; "
+                "unsigned char rows[16]; } __attribute__((aligned(64))) pg_amx_cfg = {1, 0, {0}, {64, 64, 64}, {16, 16, 16}};")
+      if tc.dtype_in is dtypes.bfloat16:  # the fragments are structs of floats (LONG_VECTOR): their top halves, one by one
+        load = ("  unsigned short ah[512] __attribute__((aligned(64))), bh[512] __attribute__((aligned(64)));\n"
+                "  for (int i = 0; i < 512; i++) {\n    unsigned int x, y;\n"
+                "    __builtin_memcpy(&x, &a.v[i], 4);\n    __builtin_memcpy(&y, &b.v[i], 4);\n"
+                "    ah[i] = (unsigned short)(x >> 16);\n    bh[i] = (unsigned short)(y >> 16);\n  }\n")
+        pa, pb = "ah", "bh"
+      else: load, pa, pb = "", "a.v", "b.v"
+      # tile 0: C (16 rows of 16 lanes), 1: A (16 rows of 64 bytes), 2: B (16 rows of 16 four-byte groups)
+      body = (f"{load}  _tile_loadconfig(&pg_amx_cfg);\n  _tile_loadd(0, c.v, 64);\n  _tile_loadd(1, {pa}, 64);\n  _tile_loadd(2, {pb}, 64);\n"
+              f"  _tile_{tc.name[1:]}(0, 1, 2);\n  _tile_stored(0, c.v, 64);\n  _tile_release();\n  return c;")
+    self.need(fn, f"{self.helper_prefix}{tcc} {fn}({ta} a, {tb} b, {tcc} c) {{\n{body}\n}}")
+    return f"{fn}({', '.join(args)})"
+
   # ---- the kernel
   def extra_params(self) -> list[str]: return ["int core_id", "int core_count"]
 
@@ -203,11 +255,23 @@ class CPURenderer(CPUMath, CStyleRenderer):
             f"for ({t} {name} = {lo}; {name} < {hi}; {name}++) {{"]
 
 
+def with_tensor_cores(r: Renderer, tcs: tuple[TensorCore, ...]) -> None:
+  """Declare the CPU tensor cores `tcs` on renderer `r` (none: `r` stays as it was, so no kernel changes): the
+  capability, the PYTHON target that emulates them, and the rewrite that makes the instruction do the accumulation."""
+  if not isinstance(tcs, tuple) or not all(isinstance(tc, TensorCore) and tc.device == "CPU" for tc in tcs):
+    raise RendererError(f"{type(r).__name__}: tensor_cores must be a tuple of CPU TensorCores (plugrad.backend.CPU_AMX_TENSOR_CORES), got {tcs!r}")
+  if not tcs: return
+  r.tensor_cores, r.capabilities = tcs, r.capabilities | {"tensor_cores"}
+  r.emulate_target, r.extra_matcher = emulate_target(tcs), FUSE_ACCUMULATE
+
+
 def c_renderer(device: str) -> CPURenderer:
-  """The C renderer for this machine's compiler (its 16-bit float support and vector width)."""
+  """The C renderer for this machine's compiler (its 16-bit float support and vector width) and CPU (its tensor cores)."""
+  from plugrad_cpu.tensor_cores import cpu_features, from_macros, host_tensor_cores
   from plugrad_cpu.toolchain import toolchain
   tc = toolchain()
-  return CPURenderer(device, native_float16=tc.float16, native_bfloat16=tc.bfloat16, vector_width=tc.float_lanes)
+  return CPURenderer(device, native_float16=tc.float16, native_bfloat16=tc.bfloat16, vector_width=tc.float_lanes,
+                     tensor_cores=host_tensor_cores(cpu_features(), from_macros(tc.macros)))
 
 
 def cpu_order(uops: Sequence[UOp]) -> tuple[list[UOp], UOp | None]:

@@ -34,6 +34,7 @@ from plugrad.backend import Dims, LaunchError, Runtime, SettingsError, UOp, c_id
 from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.allocator import ABANDONED, CPUBuffer
 from plugrad_cpu.renderer import PARALLEL_MARK
+from plugrad_cpu.tensor_cores import AMX_MARK, request_amx
 from plugrad_cpu.tiering import TIER_AFTER
 
 WORK_PER_THREAD = 1 << 20  # ops + bytes moved per thread (about 100 us of work) before another thread pays off
@@ -229,6 +230,7 @@ class CPUProgram:
     self.tier = "c"
     self._retired: list[Any] = []  # code replaced by a tier-up, kept mapped: a launch in flight may still run it
     self.timings: tuple[float, float] | None = None  # (LLVM, C) best seconds when tiering compared them
+    if AMX_MARK in program.source: request_amx()  # AMX state is off for a Linux process until it asks (tensor_cores.py)
     if is_object(program.binary):  # LLVM: an ELF relocatable object, linked in-process (no file, no dlopen)
       from plugrad_cpu.llvm_compiler import load_object
       try: self.lib, addr = load_object(program.binary, symbol)

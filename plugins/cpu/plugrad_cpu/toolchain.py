@@ -95,12 +95,13 @@ _BF16 = "__bf16 f(float x) { return (__bf16)x; } float g(__bf16 x) { return (flo
 
 
 @functools.cache
-def _detect(cc: tuple[str, ...]) -> Toolchain:
+def _detect(cc: tuple[str, ...], march: str = "native") -> Toolchain:
   try: ver = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60)
   except OSError as e: raise DeviceUnavailableError(f"{NO_COMPILER}: running {cc[0]} failed: {e}") from None
   if ver.returncode != 0: raise DeviceUnavailableError(f"{NO_COMPILER}: `{cc[0]} --version` failed: {ver.stderr.strip()[:300]}")
-  flags: tuple[str, ...] = BASE_FLAGS + ("-march=native",)
-  if not _compiles(list(cc), flags, "int f(void) { return 0; }\n"): flags = BASE_FLAGS  # a compiler/target without -march=native
+  flags: tuple[str, ...] = BASE_FLAGS + (f"-march={march}",)
+  # a compiler/target without -march=native builds for its default; another CPU named explicitly must be known
+  if march == "native" and not _compiles(list(cc), flags, "int f(void) { return 0; }\n"): flags = BASE_FLAGS
   if (why := _build_error(list(cc), flags, "int f(void) { return 0; }\n")) is not None:
     raise DeviceUnavailableError(f"{cc[0]} cannot build a shared object with {' '.join(flags)}: {why}")
   dm = subprocess.run([*cc, *[f for f in flags if f.startswith(("-m", "-O"))], "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
@@ -116,3 +117,14 @@ def toolchain() -> Toolchain:
   cc = find_cc()
   if cc is None: raise DeviceUnavailableError(NO_COMPILER)
   return _detect(tuple(cc))
+
+
+def toolchain_for(march: str) -> Toolchain:
+  """The compiler found now, building for the x86 CPU `march` (a -march name: "sapphirerapids", "znver4") instead of
+  this machine: the compile tier's shared objects, which are never loaded here. DeviceUnavailableError when there is
+  no compiler or it does not know `march`."""
+  if not isinstance(march, str) or not march or march.startswith("-") or any(c.isspace() for c in march):
+    raise ValueError(f"march must be a CPU name such as 'sapphirerapids', got {march!r}")
+  cc = find_cc()
+  if cc is None: raise DeviceUnavailableError(NO_COMPILER)
+  return _detect(tuple(cc), march)

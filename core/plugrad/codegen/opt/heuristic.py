@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from plugrad.codegen.expand import _contiguous, _simp, linear_coefficient
 from plugrad.codegen.opt.kernel import KernelOptError, Opt, OptOps, Scheduler
+from plugrad.codegen.opt.tc import match_tc, matching, pick_triple
 from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.helpers import getenv, prod
 from plugrad.renderer.base import Renderer
@@ -354,7 +355,6 @@ def _tensor_core(k: Scheduler) -> bool:
   TC_PAD_MAX). Then each warp computes a TC_TILE of instructions (UPCAST: the fragments of A are reused along N, those
   of B along M) and a block holds TC_WARPS warps (LOCAL), as far as the sizes divide and the grid keeps
   CUDA_BLOCK_MIN blocks (a small problem keeps one warp per tile: parallelism first)."""
-  from plugrad.codegen.opt.tc import match_tc, pick_triple
   if not k.renderer.tensor_cores: return False
   try: m = match_tc(k)
   except KernelOptError: return False
@@ -474,9 +474,58 @@ def _row_kernel(k: Scheduler, vec_axis: int, w: int) -> None:
     _padded_split(k, OptOps.UNROLL, n, (4 * w, 2 * w, w) if along else (4,), reduce=True)
 
 
+REGISTER_BYTES = 64  # an AVX-512 register: the CPU default takes tensor cores whose fragments fit in one
+
+
+# the block of register-sized CPU tensor-core instructions the default computes at once: (rows of M, columns of N, K
+# steps unrolled). An AVX-512 instruction covers one row of 16 columns: 8 rows x 2 registers are 16 of the 32 zmm
+# registers as accumulators, beside the 2 B registers and A's broadcast. Not tuned on hardware (none here has it).
+CPU_TC_TILE = (8, 2, 2)
+
+
+def cpu_tensor_core(k: Scheduler) -> bool:
+  """TC in its CPU form (threads=1, no LOCAL lanes) for a matmul-shaped reduction whose dtypes one of the renderer's
+  register-sized tensor cores takes (AVX-512 BF16 `vdpbf16ps`, VNNI `vpdpbusd`): sizes the instruction does not divide
+  are PADTO'd when that grows the work at most TC_PAD_MAX; then a CPU_TC_TILE block of instructions is UPCAST over M and
+  N (copies of the WMMA sharing each A and B fragment) and the K steps UNROLLed, each by the largest divisor of the axis
+  up to the block. True when TC was applied (the kernel is then complete), False with `k` unchanged.
+  AMX tiles are left to explicit actions (`Opt(OptOps.TC, axis)`, BEAM): their 512-1024 element fragments are gathered
+  element by element (no `tileloadd` from a VNNI-packed panel yet), which took ~10 s to generate and compile a 32x32x64
+  kernel here, and whose speed nothing here can measure (no AMX hardware)."""
+  rd = k.renderer
+  try: m = match_tc(k)
+  except KernelOptError: return False
+  for sel, tc in enumerate(matching(rd, m)):
+    if tc.threads != 1 or max(tc.elements[0] * tc.dtype_in.itemsize, tc.elements[1] * tc.dtype_b.itemsize) > REGISTER_BYTES: continue
+    trial = k.copy()
+    if (pick := pick_triple(m, tc)) is None:
+      sizes = [_const_size(r) or 0 for r in m.triples[0]]
+      if not all(sizes) or prod(-(-s // d) * d for s, d in zip(sizes, (tc.m, tc.n, tc.k))) > TC_PAD_MAX * prod(sizes): continue
+      outs, raxes = trial.output_axes, trial.reduce_axes
+      nums = (outs.index(m.triples[0][0]), outs.index(m.triples[0][1]), len(outs) + raxes.index(m.triples[0][2]))
+      try: trial.apply_opts([Opt(OptOps.PADTO, num, d) for num, s, d in zip(nums, sizes, (tc.m, tc.n, tc.k)) if s % d])
+      except KernelOptError: continue
+      if (pick := pick_triple(match_tc(trial), tc)) is None: continue
+    mi, nj, kr = trial.output_axes.index(pick[0]), trial.output_axes.index(pick[1]), trial.reduce_axes.index(pick[2])
+    try: trial.apply_opt(Opt(OptOps.TC, sel))
+    except KernelOptError: continue
+    rows, cols, steps = CPU_TC_TILE
+    for op, ax, want in ((OptOps.UPCAST, nj, cols), (OptOps.UPCAST, mi, rows), (OptOps.UNROLL, kr, steps)):
+      axes = trial.output_axes if op is OptOps.UPCAST else trial.reduce_axes
+      if want > 1 and (size := _const_size(axes[ax])) and (amt := max(d for d in range(1, want + 1) if size % d == 0)) > 1:
+        step = trial.copy()
+        try: step.apply_opt(Opt(op, ax, amt))
+        except KernelOptError: continue
+        trial = step
+    k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
+    return True
+  return False
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
   rd = k.renderer
   if rd.has_local: return _workgroup_heuristics(k)
+  if rd.tensor_cores and not k.applied and cpu_tensor_core(k): return k  # AVX-512 BF16 / VNNI (AMX only by explicit actions)
   w = max(1, rd.vector_width)
   outs, reds = k.output_axes, k.reduces
   stores = [u.src[0].src[1] for u in k.ast.toposort if u.op is Ops.STORE]

@@ -17,13 +17,18 @@ last output ranges, the last reduce range: `pick_triple`). Sizes it does not div
 lists the triples, so the heuristics can pad one): PADTO may precede TC, nothing else may. A padded K is masked
 in both factors (a padded row of K reads 0 on both sides, never 0 times a non-finite value); a padded M or N row needs
 no mask (it only feeds outputs the gated stores drop).
+
+A CPU's tensor core (`threads=1`: AVX-512 BF16/VNNI, AMX) is executed by one thread: no `lane` range is added (its
+index is the constant 0) and no workgroups are needed; the renderer's own UPCAST/UNROLL of the outer ranges make the
+register (tile) block (heuristic.py's `cpu_tensor_core`, the CPU default). Factors of two dtypes (u8 x s8) are matched in the order a
+tensor core takes them, and integer factors only when the kernel forms their products in a dtype that holds them all.
 """
 from __future__ import annotations
 
 from typing import Protocol
 
 from plugrad.codegen.opt.actions import KernelOptError, Opt
-from plugrad.dtype import dtypes
+from plugrad.dtype import DType, dtypes
 from plugrad.renderer.base import Renderer
 from plugrad.renderer.tensor_cores import Layout, TensorCore
 from plugrad.uop.ops import AxisType, Ops, UOp
@@ -69,6 +74,12 @@ def _deps(x: UOp) -> set[UOp]: return {r for r in x.toposort if r.op is Ops.RANG
 def _size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
 
 
+def _exact_product(dt: DType, da: DType, db: DType) -> bool:
+  """Whether integer dtype `dt` holds every product of a value of `da` and one of `db`."""
+  prods = [x * y for x in (dtypes.min(da), dtypes.max(da)) for y in (dtypes.min(db), dtypes.max(db))]
+  return dtypes.is_int(dt) and dtypes.min(dt) <= min(prods) and max(prods) <= dtypes.max(dt)
+
+
 class TCMatch:
   """A reduction the TC action can take: its factors (masks pushed in) and the candidate (i, j, k) triples."""
   def __init__(self, red: UOp, a: UOp, b: UOp, triples: list[tuple[UOp, UOp, UOp]]):
@@ -90,7 +101,14 @@ def match_tc(k: TCKernel, opt: Opt | None = None) -> TCMatch:
   mul = _strip_cast(val)
   if mul.op is not Ops.MUL: raise KernelOptError(f"{what}: the reduced value is not a product")
   a, b = _strip_cast(mul.src[0]), _strip_cast(mul.src[1])
-  if b.dtype is not a.dtype: raise KernelOptError(f"{what}: the factors have different dtypes")
+  # factors of two dtypes only where a tensor core takes that pair (vpdpbusd: unsigned x signed bytes), in its order
+  pairs = {(tc.dtype_in, tc.dtype_b) for tc in k.renderer.tensor_cores}
+  if b.dtype is not a.dtype and (a.dtype, b.dtype) not in pairs:
+    if (b.dtype, a.dtype) not in pairs: raise KernelOptError(f"{what}: the factors have different dtypes")
+    a, b = b, a
+  if dtypes.is_int(a.dtype) and dtypes.is_int(b.dtype) and not _exact_product(mul.dtype, a.dtype, b.dtype):
+    # the kernel's products wrap in their narrow dtype (int8 * int8 in int8); an instruction forms them exactly
+    raise KernelOptError(f"{what}: the integer products are formed in {mul.dtype!r}, which does not hold every product of the factors")
   for m in masks: a, b = m.where(a, a.const_like(0)), m.where(b, b.const_like(0))
   outs = k.output_axes
   da, db = _deps(a), _deps(b)
@@ -110,17 +128,29 @@ def pick_triple(m: TCMatch, tc: TensorCore) -> tuple[UOp, UOp, UOp] | None:
   return next((t for t in m.triples if fits(t)), None)
 
 
+def matching(rd: Renderer, m: TCMatch) -> list[TensorCore]:
+  """The renderer's tensor cores that take `m`'s factor and accumulator dtypes, in order (the TC action's axis picks one)."""
+  return [tc for tc in rd.tensor_cores if tc.dtype_in is m.a.dtype and tc.dtype_b is m.b.dtype and tc.dtype_out is m.red.dtype]
+
+
+def _workgroups(k: TCKernel) -> bool: return k.renderer.has_local and not k.dont_use_locals
+
+
 def apply_tc(k: TCKernel, opt: Opt) -> UOp:
   rd = k.renderer
   if not rd.tensor_cores: raise KernelOptError(f"{opt}: {rd.device} has no tensor cores")
-  if not rd.has_local or k.dont_use_locals: raise KernelOptError(f"{opt}: tensor cores need workgroups")
+  if not _workgroups(k) and all(tc.threads > 1 for tc in rd.tensor_cores): raise KernelOptError(f"{opt}: tensor cores need workgroups")
   m = match_tc(k, opt)
   red, a, b = m.red, m.a, m.b
-  cands = [tc for tc in rd.tensor_cores if tc.dtype_in is a.dtype and tc.dtype_out is red.dtype]
-  if not cands: raise KernelOptError(f"{opt}: no tensor core of {rd.device} takes {a.dtype!r} -> {red.dtype!r}")
+  cands = matching(rd, m)
+  if not cands:
+    pair = f"{a.dtype!r}" if a.dtype is b.dtype else f"{a.dtype!r} x {b.dtype!r}"
+    raise KernelOptError(f"{opt}: no tensor core of {rd.device} takes {pair} -> {red.dtype!r}")
   sel = opt.axis if opt.axis is not None else 0
   if not isinstance(sel, int) or not 0 <= sel < len(cands): raise KernelOptError(f"{opt}: axis selects one of {len(cands)} matching tensor cores")
   tc = cands[sel]
+  # a warp-wide instruction needs its lanes as a LOCAL range; a CPU's (threads=1) is run by one thread, in registers/tiles
+  if tc.threads > 1 and not _workgroups(k): raise KernelOptError(f"{opt}: tensor cores need workgroups")
   if (pick := pick_triple(m, tc)) is None:
     i, j, kr = m.triples[0]
     bad = next((w, _size(r), d) for w, r, d in zip("MNK", (i, j, kr), (tc.m, tc.n, tc.k)) if _size(r) is None or (_size(r) or 0) % d)
@@ -128,7 +158,7 @@ def apply_tc(k: TCKernel, opt: Opt) -> UOp:
   i, j, kr = pick
   si, sj, sk = (_size(r) or 0 for r in pick)
   io, jo, ko = k.new_range(si // tc.m, i.arg[1]), k.new_range(sj // tc.n, j.arg[1]), k.new_range(sk // tc.k, AxisType.REDUCE)
-  lane = k.new_range(tc.threads, AxisType.LOCAL)
+  lane = k.new_range(tc.threads, AxisType.LOCAL) if tc.threads > 1 else UOp.const(dtypes.index, 0)
   def frag(x: UOp, layout: Layout, n: int, what: str) -> UOp:
     vals = []
     for e in range(n):
@@ -136,7 +166,7 @@ def apply_tc(k: TCKernel, opt: Opt) -> UOp:
       if what == "A": sub = {i: io * tc.m + row, kr: ko * tc.k + col}
       else: sub = {kr: ko * tc.k + row, j: jo * tc.n + col}
       vals.append(x.substitute(sub))
-    return UOp(Ops.VECTORIZE, tc.dtype_in.vec(n), tuple(vals))
+    return UOp(Ops.VECTORIZE, x.dtype.vec(n), tuple(vals))
   fa = frag(a, tc.a_layout, tc.elements[0], "A")
   fb = frag(b, tc.b_layout, tc.elements[1], "B")
   zero = UOp.const(tc.dtype_out.vec(tc.elements[2]), 0.0)
@@ -152,5 +182,8 @@ def apply_tc(k: TCKernel, opt: Opt) -> UOp:
     body = stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
     rngs: list[UOp] = []
     for r in end.src[1:]: rngs.extend((io,) if r is i else (jo,) if r is j else (r,))
-    new_srcs.append(UOp(Ops.END, dtypes.void, (body, *rngs, lane)))
+    new_srcs.append(UOp(Ops.END, dtypes.void, (body, *rngs, *((lane,) if tc.threads > 1 else ()))))
   return k.ast.replace(src=tuple(new_srcs))
+
+
+# ---- the CPU's default (hand_coded_optimizations on a renderer without workgroups calls it first)
