@@ -152,6 +152,22 @@ def world_size() -> int: return _group().size
 
 # ---------------------------------------------------------------- waiting with a deadline
 
+def _poll(g: _Group, done: Callable[[], bool], what: str, on_timeout: Callable[[], str]) -> None:
+  """Call `done()` until it is true or the group's deadline passes: busy at first (MPI and NCCL progress inside their
+  calls), then yielding, then napping. At the deadline `on_timeout()` leaves the group broken and says what became of
+  the pending work, and DistributedTimeoutError is raised."""
+  start, nap = time.monotonic(), 1e-4
+  while not done():
+    waited = time.monotonic() - start
+    if waited > g.timeout:
+      raise DistributedTimeoutError(f"rank {g.rank} of {g.size}: {what} did not complete within PLUGRAD_DIST_TIMEOUT={g.timeout:g} s: "
+                                    f"another rank died, hangs, or did not call it ({on_timeout()})")
+    if waited > _NAP_AFTER_S:
+      time.sleep(nap)
+      nap = min(nap * 2, 5e-3)
+    elif waited > _SPIN_S: os.sched_yield()
+
+
 def _wait(g: _Group, reqs: list[Any], what: str) -> None:
   """Wait for `reqs` (mpi4py requests) until the group's deadline; a timeout leaves the group broken (the requests stay
   pending in MPI: no later collective could be matched with the peers) and raises DistributedTimeoutError."""
@@ -160,19 +176,11 @@ def _wait(g: _Group, reqs: list[Any], what: str) -> None:
   if g.timeout == 0:
     Request.Waitall(reqs)
     return
-  start = time.monotonic()
-  nap = 1e-4
-  while not Request.Testall(reqs):
-    waited = time.monotonic() - start
-    if waited > g.timeout:
-      g.broken = f"{what} timed out after {g.timeout:g} s"
-      g.pending += reqs
-      raise DistributedTimeoutError(f"rank {g.rank} of {g.size}: {what} did not complete within PLUGRAD_DIST_TIMEOUT={g.timeout:g} s: "
-                                    "another rank died, hangs, or did not call it (the job is aborted when this process exits)")
-    if waited > _NAP_AFTER_S:
-      time.sleep(nap)
-      nap = min(nap * 2, 5e-3)
-    elif waited > _SPIN_S: os.sched_yield()
+  def broken() -> str:
+    g.broken = f"{what} timed out after {g.timeout:g} s"
+    g.pending += reqs
+    return "the job is aborted when this process exits"
+  _poll(g, lambda: bool(Request.Testall(reqs)), what, broken)
 
 
 def _agree(g: _Group, what: str) -> None:
@@ -350,23 +358,17 @@ def _nccl_run(g: _Group, calls: list[tuple[Callable[[], Any] | None, Callable[[]
     raise DistributedError(f"rank {g.rank} of {g.size}: {what}: {e} (the communicators are aborted; restart the job)") from e
   if g.timeout == 0: return
   comms = [comm for _, comm in g.nccl_comms.values()]
-  start, nap = time.monotonic(), 1e-4
-  while True:
+  def done() -> bool:
     for comm in comms:
       if (err := nc.async_error(comm)) not in (0, 7):  # ncclSuccess, ncclInProgress
         from plugrad.distributed.nccl import NCCLError
         _nccl_break(g, f"{what} failed in NCCL")
         raise NCCLError(f"ncclCommGetAsyncError during {what} on rank {g.rank} of {g.size}", err, nc._text(err))
-    if all(nc.stream_done(s) for s in streams): return
-    waited = time.monotonic() - start
-    if waited > g.timeout:
-      _nccl_break(g, f"{what} timed out after {g.timeout:g} s")
-      raise DistributedTimeoutError(f"rank {g.rank} of {g.size}: {what} (NCCL) did not complete within PLUGRAD_DIST_TIMEOUT={g.timeout:g} s: "
-                                    "another rank died, hangs, or did not call it (its communicators are aborted)")
-    if waited > _NAP_AFTER_S:
-      time.sleep(nap)
-      nap = min(nap * 2, 5e-3)
-    elif waited > _SPIN_S: os.sched_yield()
+    return all(nc.stream_done(s) for s in streams)
+  def broken() -> str:
+    _nccl_break(g, f"{what} timed out after {g.timeout:g} s")
+    return "its NCCL communicators are aborted"
+  _poll(g, done, f"{what} (NCCL)", broken)
 
 
 def _device_out(device: str, n: int, dtype: DType) -> tuple[UOp, Buffer | None]:
