@@ -27,7 +27,7 @@ from plugrad.helpers import SettingsError
 
 WHEEL = importlib.util.find_spec("nvidia.nccl") is not None and any((Path(p) / "lib" / "libnccl.so.2").is_file()
                                                                     for p in importlib.util.find_spec("nvidia.nccl").submodule_search_locations or [])
-needs_wheel = pytest.mark.skipif(not WHEEL, reason="needs NVIDIA's NCCL wheel: pip install 'plugrad[nccl]' (nvidia-nccl-cu12, ~200 MB)")
+needs_wheel = pytest.mark.skipif(not WHEEL, reason="needs NVIDIA's NCCL wheel: pip install 'plugrad[nccl]' (nvidia-nccl-cu13, ~200 MB)")
 STREAM = 0x5EED  # the fake CUDA stream every call must carry
 NP = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16, 7: np.float32, 8: np.float64}
 
@@ -37,7 +37,9 @@ NP = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uin
 @needs_wheel
 def test_real_libnccl_loads_and_reports_the_wheels_version():
   lib = nccl.load()
-  version = importlib.metadata.version("nvidia-nccl-cu12") if _has_dist("nvidia-nccl-cu12") else None
+  # the wheel that installed the library loaded (cu13 beside the CUDA 13 runtime plugrad-cuda uses, or an older cu12)
+  dist = next((d for d in ("nvidia-nccl-cu13", "nvidia-nccl-cu12") if _has_dist(d)), None)
+  version = importlib.metadata.version(dist) if dist is not None and len(list(nccl._wheel_dirs())) == 1 else None
   v = lib.version()
   assert v >= 21000, v
   if version is not None:

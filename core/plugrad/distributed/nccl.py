@@ -1,6 +1,6 @@
 """NCCL (NVIDIA's collectives library) through ctypes, for collectives between CUDA devices (docs/distributed.md).
 
-The library is NVIDIA's `nvidia-nccl-cu12` wheel's `nvidia/nccl/lib/libnccl.so.2` (`pip install 'plugrad[nccl]'`), a
+The library is NVIDIA's `nvidia-nccl-cu13` wheel's `nvidia/nccl/lib/libnccl.so.2` (`pip install 'plugrad[nccl]'`), a
 system libnccl.so.2, or the file PLUGRAD_NCCL_LIB names. It loads without a GPU (ncclGetVersion and ncclGetUniqueId
 work); everything else needs CUDA devices.
 
@@ -176,7 +176,7 @@ def load(path: str | None = None) -> NCCL:
   if (hit := _LOADED.get(path)) is None:
     try: hit = NCCL(ctypes.CDLL(path), path=path)
     except (OSError, AttributeError) as e:  # AttributeError: a library without one of the functions PROTOTYPES declares
-      hit = (f"cannot load NCCL from {path!r} ({e}); install it with `pip install 'plugrad[nccl]'` (NVIDIA's nvidia-nccl-cu12 wheel) "
+      hit = (f"cannot load NCCL from {path!r} ({e}); install it with `pip install 'plugrad[nccl]'` (NVIDIA's nvidia-nccl-cu13 wheel) "
              "or set PLUGRAD_NCCL_LIB")
     _LOADED[path] = hit
   if isinstance(hit, str): raise DistributedError(hit)
