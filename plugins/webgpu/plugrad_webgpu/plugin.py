@@ -17,7 +17,8 @@ def probe() -> str | None:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 50: below CPU (100) when both are installed; a real GPU adapter is still slower to reach than the host here
-  return [DeviceSpec(NAME, api=(2, 5), priority=50, probe=probe, aliases=("WGPU",),
+  # count=1: one adapter per process (WGPU_BACKEND_TYPE / WGPUPY_WGPU_ADAPTER_NAME pick it), so WEBGPU:1 does not exist
+  return [DeviceSpec(NAME, api=(2, 5), priority=50, probe=probe, aliases=("WGPU",), count=1,
                      description="WGSL compute shaders through wgpu-native (any WebGPU adapter, Mesa's software rasterizer included)")]
 
 
