@@ -22,6 +22,23 @@ def test_find_cc_honours_CC_and_falls_back(tmp_path):
   assert probe() is None and NO_COMPILER == "no C compiler found (install clang or gcc, or set CC)"
 
 
+def test_find_cc_prefers_clang_versioned_or_not(tmp_path):
+  """Clang before gcc, a versioned clang-NN (all Debian installs) too, the newest first; gcc when there is no clang."""
+  from plugrad_cpu.toolchain import find_cc
+  def tool(name: str) -> str:
+    (p := tmp_path / name).write_text("#!/bin/sh\n")
+    p.chmod(0o755)
+    return str(p)
+  env = {"CC": "", "PATH": str(tmp_path)}
+  gcc = tool("gcc")
+  assert find_cc(env) == [gcc]
+  tool("clang-17")
+  clang19 = tool("clang-19")
+  assert find_cc(env) == [clang19]
+  clang = tool("clang")
+  assert find_cc(env) == [clang]
+
+
 @C_ONLY
 def test_toolchain_identity(cpu):
   from plugrad_cpu.toolchain import toolchain
