@@ -95,12 +95,16 @@ def _pack_panel(k: Scheduler, vec_axis: int) -> None:
     # a part of a larger operand (the bias inside relu(x + b)) is no operand of its own: packing it would leave the
     # elementwise work of the larger one recomputed per tile column
     if any(m != n and v in w.toposort for m, w in enumerate(vals)): continue
-    vidx = [u.src[0].src[1] for u in v.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
-    # strided: along the innermost reduction range it depends on (the UNROLL copies when unrolled: the reduce loop outside
-    # them steps by the unroll amount even over contiguous memory)
-    inner = [r for r in (*k.ranges_of(AxisType.UNROLL), *k.reduce_axes) if r in dv][:1]
-    strided = any((st := _stride(ix, r)) is None or abs(st) > 1 for ix in vidx for r in inner)
-    if (strided or _is_fused(v)) and _try(k, Opt(OptOps.PACK, n)): break
+    if (_strided_along_reduction(k, v) or _is_fused(v)) and _try(k, Opt(OptOps.PACK, n)): break
+
+
+def _strided_along_reduction(k: Scheduler, v: UOp) -> bool:
+  """Whether operand `v` walks memory with a stride along the innermost reduction range it depends on (the UNROLL copies
+  when unrolled: the reduce loop outside them steps by the unroll amount even over contiguous memory)."""
+  dv = {u for u in v.toposort if u.op is Ops.RANGE}
+  vidx = [u.src[0].src[1] for u in v.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+  inner = [r for r in (*k.ranges_of(AxisType.UNROLL), *k.reduce_axes) if r in dv][:1]
+  return any((st := _stride(ix, r)) is None or abs(st) > 1 for ix in vidx for r in inner)
 
 
 def _other_axis(k: Scheduler, vec_axis: int, deps: set[UOp]) -> int | None:
@@ -209,11 +213,11 @@ def _one_vector_pad(k: Scheduler, vec_axis: int, w: int) -> bool:
   broadcast input pixels, which lie a whole channel apart along the reduction, so every step of it read new cache lines
   from L2 for 7 FMAs (1x320x7x7 -> 1280: 0.91 ms, one thread). Padded to 56 pixels, the lanes read the input from a
   packed panel and the rows broadcast weights that run along the reduction, a line per 16 steps (0.60 ms), though an
-  eighth of the lanes is padding. So: the lanes' operand contiguous along the axis, ungated, and the rows' operand
-  contiguous along the innermost reduction."""
+  eighth of the lanes is padding. The same holds for a 3x3 convolution's input gradient at 7x7 (the unfolded windows
+  W^T . dY, 8x4608x49: 42.7 -> 23 ms), whose rows' operand (W^T) is strided along the reduction and gets packed too.
+  So: whenever the lanes' operand runs contiguously and ungated along the axis, and another operand gives the rows."""
   r = k.output_axes[vec_axis]
   if not (sz := _const_size(r)) or not sz % w or -sz % w > sz // ONE_VECTOR_PAD_MAX or not k.reduce_axes: return False
-  inner = k.reduce_axes[-1]
   lanes: list[UOp] = []
   rows: list[UOp] = []
   for red in k.reduces:
@@ -222,7 +226,7 @@ def _one_vector_pad(k: Scheduler, vec_axis: int, w: int) -> bool:
       ix = u.src[0]
       if len(ix.src) > 2: return False  # a gated load (a padded input): lanes there would gather
       (lanes if r in ix.src[1].toposort else rows).append(ix.src[1])
-  return bool(lanes) and bool(rows) and all(_stride(ix, r) == 1 for ix in lanes) and all(_stride(ix, inner) == 1 for ix in rows)
+  return bool(lanes) and bool(rows) and all(_stride(ix, r) == 1 for ix in lanes)
 
 
 def _loads_of(red: UOp) -> list[UOp]: return [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
@@ -245,8 +249,11 @@ def _pack_fused_operand(k: Scheduler, lane: UOp) -> None:
   """PACK the channel tile's other operand (the one without the lanes) when it carries fused elementwise work that the
   output loops it does not depend on would repeat: a convolution's input gradient reads BatchNorm's backward (a sqrt
   and divisions per element) once per window position (3x3), packed it is computed once per element of the scope
-  (the digits CNN's r_128_1_1_16_4_4_3_3: 0.97 -> 0.37 ms). Only the whole operand (not a part of a larger one), and
-  only when its copy fits PACK_BUDGET."""
+  (the digits CNN's r_128_1_1_16_4_4_3_3: 0.97 -> 0.37 ms). Likewise when it is a plain load strided along the
+  reduction and ungated: a stride-2 1x1 convolution's rows broadcast input pixels a channel apart, new cache lines at
+  every step (8x1024x14x14 -> 2048: 24.8 -> 16.7 ms; 8x128x28x28 -> 256: 2.43 -> 1.80 ms, 2 threads, LLVM code). A
+  padded input (a gated load) is not packed: that copy cost the forward 3x3 convolution 1.6x. Only the whole operand
+  (not a part of a larger one), and only when its copy fits PACK_BUDGET."""
   vals = k.packable_values()
   red = set(k.reduce_axes) | set(k.ranges_of(AxisType.UNROLL))
   for n, v in enumerate(vals):
@@ -254,8 +261,11 @@ def _pack_fused_operand(k: Scheduler, lane: UOp) -> None:
     # arithmetic on floats, not just a gate selecting a load (a padded input: a copy would cost more than the select)
     arith = any(not isinstance(u.dtype, PtrDType) and dtypes.is_float(u.dtype) and u.op not in (Ops.LOAD, Ops.CONST, Ops.WHERE)
                 for u in v.toposort)
-    if lane in dv or not dv & red or not arith or any(m != n and v in w.toposort for m, w in enumerate(vals)): continue
-    if prod(_const_size(r) for r in k.output_axes if r not in dv) >= 2 and _pack_fits(k, n): return
+    gated = any(u.op is Ops.INDEX and len(u.src) > 2 for u in v.toposort)
+    if lane in dv or not dv & red or any(m != n and v in w.toposort for m, w in enumerate(vals)): continue
+    if not arith and (gated or not _strided_along_reduction(k, v)): continue
+    # a strided input's copy may take twice the budget (8x512x28x28 stride 2: 392 KiB a batch, 25.7 -> 13.2 ms)
+    if prod(_const_size(r) for r in k.output_axes if r not in dv) >= 2 and _pack_fits(k, n, None if arith else 2 * PACK_BUDGET): return
 
 
 def _channel_tile(k: Scheduler) -> Scheduler | None:
