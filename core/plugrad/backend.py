@@ -18,8 +18,8 @@ What is here, by the job it does:
   `run_program` (runs one on Tensors; TinyJit captures it), `ProgramArgumentError`
 * rendering: `Renderer` (capability flags, `dtype_support`, `extra_matcher`, `extra_passes`), `CStyleRenderer` (the C
   family's dialect hooks) and its `Ptr` (a rendered pointer: `render_atomic_add`'s argument), `linear_parts`,
-  `use_analysis`, `define_of`, `index_parts` and `and_gates` (a pointer's address parts and gates, for any renderer of
-  pointers), `no_signed_wrap`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
+  `use_analysis`, `define_of`, `index_parts`, `and_gates` and `lane_gate` (a pointer's address parts and gates, for any
+  renderer of pointers), `no_signed_wrap`, `PURE`, `c_identifier`, `float32_repr`, tensor-core tables
 * compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
 * memory: `Allocator`, `StagedAllocator` (host copies through pinned staging buffers), `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
@@ -59,6 +59,7 @@ from plugrad.renderer.base import (
   and_gates,
   define_of,
   index_parts,
+  lane_gate,
   linear_parts,
   no_signed_wrap,
   use_analysis,
@@ -92,7 +93,7 @@ __all__ = [
   "Estimates", "ProgramUOp", "new_program", "run_program",
   # rendering
   "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "Ptr", "c_identifier", "float32_repr", "define_of", "linear_parts", "use_analysis",
-  "index_parts", "and_gates",
+  "index_parts", "and_gates", "lane_gate",
   "no_signed_wrap",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   "CPU_AMX_TENSOR_CORES", "CPU_AVX512_TENSOR_CORES",

@@ -6,6 +6,8 @@
   innermost UPCAST range whose size is a multiple of the renderer's `vector_width` and along which the store is
   contiguous. It becomes vector lanes: values that depend on it are vectors (loads contiguous along it are one vector
   load, others a gather), values that do not are broadcast, reductions over other ranges keep a vector accumulator.
+  A contiguous load or store whose gate differs per lane is a gather (a gated scalar access per lane), or, where the
+  renderer has `masked_access`, one vector access with a vector gate.
 Copies of one reduction share its loop (lower_reduces groups reductions over the same ranges).
 """
 from __future__ import annotations
@@ -74,11 +76,11 @@ class _Copier:
     for u in self.dep: done[u] = UOp(u.op, u.dtype, tuple(done.get(s, s) for s in u.src), u.arg)
     return done.get(self.root, self.root), done
 
-  def vectorize(self, mapping: dict[UOp, UOp], vax: UOp, lane: UOp, width: int, lane_dep: list[UOp]) -> tuple[UOp, _Vectorizer]:
+  def vectorize(self, mapping: dict[UOp, UOp], vax: UOp, lane: UOp, width: int, lane_dep: list[UOp], masked: bool = False) -> tuple[UOp, _Vectorizer]:
     """The copy for `mapping` (which sends `vax` to an expression of `lane`) and its vectorizer; the lane-dependent nodes
     are the images of `lane_dep` (the nodes depending on `vax`), no new walk of the copy."""
     g, done = self.copy(mapping)
-    return g, _Vectorizer(lane, width, g, {lane, mapping[vax], *(done[u] for u in lane_dep)})
+    return g, _Vectorizer(lane, width, g, {lane, mapping[vax], *(done[u] for u in lane_dep)}, masked)
 
 
 def _dependents(root: UOp, keys: set[UOp]) -> list[UOp]:
@@ -91,7 +93,7 @@ def _dependents(root: UOp, keys: set[UOp]) -> list[UOp]:
   return out
 
 
-def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
+def expand_unrolls(ast: UOp, vector_width: int = 1, masked: bool = False) -> UOp:
   """UNROLL ranges of reductions → UNROLL values. In a reduction that no UPCAST range of a vector's size reaches, an UNROLL range along
   which a load is contiguous (size a multiple of `vector_width`) becomes vector lanes: a vector accumulator, folded
   lane by lane after the loop (the horizontal reduction)."""
@@ -122,7 +124,7 @@ def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
       vcopies, lane_dep = [], _dependents(val, {vax})
       for c in _combos([r for r in unr if r is not vax]):
         for chunk in range(_size(vax) // vector_width):
-          g, vz = copier.vectorize({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane}, vax, lane, vector_width, lane_dep)
+          g, vz = copier.vectorize({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane}, vax, lane, vector_width, lane_dep, masked)
           vcopies.append(vz.vec_or_bcast(g))
       vred = UOp(Ops.REDUCE, vdt, (vcopies[0] if len(vcopies) == 1 else UOp(Ops.UNROLL, vdt, tuple(vcopies)), *rest), u.arg)
       out = vred.gep(0)
@@ -130,6 +132,9 @@ def expand_unrolls(ast: UOp, vector_width: int = 1) -> UOp:
       done[u] = out
     else: done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
   return done[ast]
+
+
+def _conjuncts(g: UOp) -> list[UOp]: return _conjuncts(g.src[0]) + _conjuncts(g.src[1]) if g.op is Ops.AND and g.dtype is dtypes.bool else [g]
 
 
 def _addends(u: UOp) -> list[UOp]: return _addends(u.src[0]) + _addends(u.src[1]) if u.op is Ops.ADD else [u]
@@ -170,8 +175,8 @@ def _zeroed(idx: UOp, v: UOp, holds: set[UOp]) -> UOp:
 
 
 class _Vectorizer:
-  def __init__(self, v: UOp, width: int, root: UOp, dep: set[UOp] | None = None):
-    self.v, self.w = v, width
+  def __init__(self, v: UOp, width: int, root: UOp, dep: set[UOp] | None = None, masked: bool = False):
+    self.v, self.w, self.masked = v, width, masked
     if dep is None:
       dep = set()
       for u in root.toposort:
@@ -205,17 +210,25 @@ class _Vectorizer:
     if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and all(s.dtype is dtypes.void for s in u.src[1:]):  # ordering sources (a PACK copy) stay
       ix = u.src[0]
       gate = ix.src[2] if len(ix.src) > 2 else None
-      if (gate is None or gate not in self.dep) and ix.src[0] not in self.dep and (base := _contiguous(ix.src[1], self.v)) is not None:
-        return UOp(Ops.LOAD, u.dtype.vec(w), (ix.replace(src=(ix.src[0], base, *ix.src[2:])), *u.src[1:]))
+      if (gate is None or gate not in self.dep or self.masked) and ix.src[0] not in self.dep and (base := _contiguous(ix.src[1], self.v)) is not None:
+        # a gate that differs per lane (a padded row's borders) becomes a vector gate: one masked load (masked_access)
+        vgate = (self.vec(gate),) if gate in self.dep else ix.src[2:]
+        return UOp(Ops.LOAD, u.dtype.vec(w), (ix.replace(src=(ix.src[0], base, *vgate)), *u.src[1:]))
       return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(self.lanes(u)))
     if u.op is Ops.STORE:
       ix, val = u.src[0], u.src[1]
       gate = ix.src[2] if len(ix.src) > 2 else None
       vval = self.vec_or_bcast(val)
       # an atomic add (arg Ops.ADD) is one scalar per lane: no device adds a vector atomically
-      if u.arg is None and (gate is None or gate not in self.dep) and (base := _contiguous(ix.src[1], self.v)) is not None:
-        return UOp(Ops.STORE, dtypes.void, (ix.replace(src=(ix.src[0], base, *ix.src[2:])), vval))
+      if u.arg is None and (gate is None or gate not in self.dep or self.masked) and ix.src[0] not in self.dep and \
+         (base := _contiguous(ix.src[1], self.v)) is not None:
+        return UOp(Ops.STORE, dtypes.void, (ix.replace(src=(ix.src[0], base, *((self.vec(gate),) if gate in self.dep else ix.src[2:]))), vval))
       return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (lx, vval.gep(c)), u.arg) for c, lx in enumerate(self.lanes(ix))))
+    if u.op is Ops.WHERE and self.masked and (ld := u.src[1]).op is Ops.LOAD and ld.src[0].op is Ops.INDEX and len(ld.src[0].src) > 2 and \
+       set(_conjuncts(u.src[0])) <= set(_conjuncts(ld.src[0].src[2])) and u.src[2].op is Ops.CONST and u.src[2].arg == 0 and \
+       (m := self.vec(ld)).op is Ops.LOAD:
+      # a padded read, WHERE(valid, LOAD(.., gate valid [and ...]), 0): the masked load already gives 0 where valid is false
+      return m
     if u.op is Ops.GROUP: return UOp(Ops.GROUP, dtypes.void, tuple(self.vec(s) for s in u.src))
     if u.op is Ops.REDUCE: return UOp(Ops.REDUCE, u.dtype.vec(w), (self.vec_or_bcast(u.src[0]), *u.src[1:]), u.arg)
     if u.op is Ops.UNROLL: return UOp(Ops.UNROLL, u.dtype.vec(w), tuple(self.vec_or_bcast(s) for s in u.src))
@@ -246,9 +259,10 @@ def _vector_axis(body: UOp, ups: list[UOp], width: int) -> UOp | None:
   return best if vector_loads(best) or stored(best) else None
 
 
-def expand(ast: UOp, vector_width: int = 1) -> UOp:
-  """`ast` with its UNROLL and UPCAST ranges expanded (see the module doc); `vector_width` > 1 allows vector lanes."""
-  ast = expand_unrolls(ast, vector_width)
+def expand(ast: UOp, vector_width: int = 1, masked: bool = False) -> UOp:
+  """`ast` with its UNROLL and UPCAST ranges expanded (see the module doc); `vector_width` > 1 allows vector lanes;
+  `masked` (the renderer's `masked_access`) lets a load or store whose gate differs per lane stay one vector access."""
+  ast = expand_unrolls(ast, vector_width, masked)
   new: list[UOp] = []
   marker_id = 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=0)
   for end in ast.src:
@@ -267,7 +281,7 @@ def expand(ast: UOp, vector_width: int = 1) -> UOp:
       rest, lane_dep = [r for r in ups if r is not vax], _dependents(body, {vax})
       for c in _combos(rest):
         for chunk in range(_size(vax) // vector_width):
-          g, vz = copier.vectorize({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane}, vax, lane, vector_width, lane_dep)
+          g, vz = copier.vectorize({**c, vax: UOp.const(dtypes.index, chunk * vector_width) + lane}, vax, lane, vector_width, lane_dep, masked)
           parts.append(vz.vec(g))
     group = parts[0] if len(parts) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(parts))
     new.append(UOp(Ops.END, dtypes.void, (group, *others)) if others else group)

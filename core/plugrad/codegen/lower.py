@@ -179,9 +179,11 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
       for own in {pending[r] for r in red.src[0].toposort if r in pending}: flush(own)
     value, own = substitute(red.src[0]), red.src[1:]
     vals = value.src if value.op is Ops.UNROLL else (value,)
-    if not own:  # nothing to loop over (a fully unrolled axis): fold the values, no accumulator
+    if not own:  # nothing to loop over (a fully unrolled axis): fold the values, no accumulator (products fused, as in a loop)
       cur = vals[0]
-      for v in vals[1:]: cur = UOp(red.arg, red.dtype, (cur, v))
+      for v in vals[1:]:
+        fuse = mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype)
+        cur = UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur)) if fuse else UOp(red.arg, red.dtype, (cur, v))
       sub[red] = cur
       continue
     vtopo = value.toposort

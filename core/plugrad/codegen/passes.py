@@ -50,7 +50,7 @@ PASSES: tuple[Pass, ...] = (
   Pass("gpudims", lambda u, c: add_gpudims(u, c.renderer, c.info.dont_use_locals)),
   # gated indices simplified once per access before the expander copies them per lane (the lanes' indices differ)
   Pass("gated indices", lambda u, c: simplify_gated_indices(u, c.simplify)),
-  Pass("expand", lambda u, c: expand(u, c.renderer.vector_width)),
+  Pass("expand", lambda u, c: expand(u, c.renderer.vector_width, c.renderer.masked_access)),
   Pass("symbolic", lambda u, c: graph_rewrite(u, symbolic, name="symbolic")),
   Pass("lane indices", lambda u, c: simplify_gated_indices(u, c.simplify)),
   Pass("reduces", lambda u, c: lower_reduces(u)),

@@ -39,6 +39,10 @@ class Renderer(abc.ABC):
   shared_max: int = 0                       # bytes of DEFINE_LOCAL memory one kernel may use
   supports_float4: bool = False             # vector loads and stores (LOAD/STORE of T.vec(n))
   vector_width: int = 1                     # float lanes the optimizer may put in one vector value (1: no vectors)
+  # a vector LOAD/STORE through one address may carry a vector gate (one bool per lane): a lane whose gate is false
+  # touches no memory (a load gives 0 there). The expander then keeps a padded input's loads whole vectors (a depthwise
+  # convolution's rows: gated per lane at the borders) instead of splitting them into gated scalar loads
+  masked_access: bool = False
   tensor_cores: tuple[TensorCore, ...] = ()  # the WMMA instructions the renderer can emit
   capabilities: frozenset[str] = frozenset()
   # What the device's plain operators already do; codegen/decompose.py writes out the rest before rendering (False:
@@ -156,6 +160,12 @@ def index_parts(who: str, u: UOp) -> tuple[UOp, UOp | None] | None:
   if u.op is not Ops.INDEX or u.src[1].dtype.count != 1:
     raise RendererError(f"{who} cannot render {u.op.name} of a vector of addresses (codegen/decompose.py splits them)")
   return u.src[1], (u.src[2] if len(u.src) == 3 else None)
+
+
+def lane_gate(u: UOp) -> UOp | None:
+  """The vector gate (one bool per lane: `Renderer.masked_access`) of the access through pointer `u`, or None when its
+  gate, if any, is one bool for the whole access."""
+  return u.src[2] if u.op is Ops.INDEX and len(u.src) > 2 and u.src[2].dtype.count > 1 else None
 
 
 def and_gates(a: str | None, b: str | None, conj: Callable[[str, str], str]) -> str | None:

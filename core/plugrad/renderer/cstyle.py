@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import PURE, Renderer, RendererError, and_gates, index_parts, linear_parts, use_analysis
+from plugrad.renderer.base import PURE, Renderer, RendererError, and_gates, index_parts, lane_gate, linear_parts, use_analysis
 from plugrad.uop.ops import GroupOp, Ops, UOp, round_bf16
 
 C_KEYWORDS = frozenset("auto break case char const continue default do double else enum extern float for goto if inline int long register "
@@ -462,8 +462,18 @@ class CStyleRenderer(Renderer):
     if dt.count == 1: return f"{p.base}[{p.idx if p.idx is not None else 0}]"
     return f"*(({const}{self.tname(self.mdt(dt))}*)({p.base}+{p.idx if p.idx is not None else 0}))"
 
+  def render_masked_load(self, p: Ptr, dt: DType) -> str:
+    """A vector load of `dt` (in memory dtype `self.mdt(dt)`) from `p`, whose gate `p.gate` is a vector of bools: lanes
+    whose gate is false read nothing and are 0. Only for a renderer with `masked_access`."""
+    raise RendererError(f"{self.device}: this renderer declares no masked vector access (Renderer.masked_access), got a load gated per lane")
+
+  def render_masked_store(self, p: Ptr, dt: DType, value: str) -> str:
+    """The statement storing vector `value` of `dt` at `p` in the lanes whose gate (`p.gate`, a vector of bools) is true."""
+    raise RendererError(f"{self.device}: this renderer declares no masked vector access (Renderer.masked_access), got a store gated per lane")
+
   def _load(self, i: int, u: UOp) -> None:
     p, dt = self.ptrs[u.src[0]], u.dtype
+    if lane_gate(u.src[0]) is not None: return self._define(i, u, self.convert(f"({self.render_masked_load(p, dt)})", dt, False))
     alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
     v = self._address(p, dt, "const ")
     if not p.var: v = self.convert(v, p.elem, False) if dt.count == 1 else self.convert(f"({v})", dt, False)
@@ -485,6 +495,7 @@ class CStyleRenderer(Renderer):
       st = self.render_atomic_add(p, self.r[val])
       return self.line(st if p.gate is None else f"if ({p.gate}) {st}")
     v = self.r[val] if p.var else self.convert(self.r[val], val.dtype if val.dtype.count > 1 else p.elem, True)
+    if lane_gate(u.src[0]) is not None: return self.line(self.render_masked_store(p, val.dtype, v))
     st = f"{self._address(p, val.dtype)} = {v};"
     self.line(st if p.gate is None or (p.var and val.dtype.count > 1) else f"if ({p.gate}) {st}")
 

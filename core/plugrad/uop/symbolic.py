@@ -478,6 +478,15 @@ def _or_const(x: UOp, c: UOp) -> UOp | None:
   return None
 
 
+def _all_true(v: UOp) -> bool: return all(s.op is Ops.CONST and s.arg is True for s in v.src)
+
+
+def _uniform_gate(x: UOp, p: UOp, i: UOp, g: UOp) -> UOp | None:
+  """A vector access through one address whose lanes' gates are one value: gated by that value (none if it is True)."""
+  if i.dtype.count != 1 or any(s is not g.src[0] for s in g.src): return None
+  return x.replace(src=(p, i) if _all_true(g) else (p, i, g.src[0]))
+
+
 _var, _cst = UPat.var("x"), UPat(Ops.CONST, name="c")
 _tf = (UPat(Ops.CONST, name="a"),)
 
@@ -512,6 +521,9 @@ symbolic_simple = PatternMatcher([
   (UPat((Ops.CMPNE, Ops.CMPEQ), src=(_var, _var), name="r"), lambda r, x: r.const_like(r.op is Ops.CMPEQ) if _is_int(x) or _is_bool(x) else None),
   (UPat((Ops.AND, Ops.OR, Ops.MAX), src=(_var, _var)), lambda x: x),
   (UPat(Ops.XOR, src=(_var, _var)), lambda x: x.const_like(0) if _is_int(x) or _is_bool(x) else None),
+  # a vector of gates (a masked access's lanes: codegen/expand.py) whose lanes agree
+  (UPat(Ops.AND, src=[_var, UPat(Ops.VECTORIZE, name="v")]), lambda x, v: x if _is_bool(x) and _all_true(v) else None),
+  (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i"), UPat(Ops.VECTORIZE, name="g")), name="x"), _uniform_gate),
 ])
 
 _i = UPat.var("s", INTS)

@@ -41,6 +41,7 @@ from plugrad.backend import (
   dtypes,
   find_tensor_core,
   index_parts,
+  lane_gate,
   linear_parts,
   no_signed_wrap,
 )
@@ -68,6 +69,9 @@ def scalar_type(dt: DType) -> str:
 def memory_type(dt: DType) -> str:
   """The LLVM type of scalar dtype `dt` in memory."""
   return "i8" if dt is dtypes.bool else "half" if dt is _F16 else scalar_type(dt)
+
+
+_MANGLE = {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}  # an intrinsic's name spells a type's elements so
 
 
 def _vec(t: str, n: int) -> str: return t if n == 1 else f"<{n} x {t}>"
@@ -114,7 +118,7 @@ class LLVMRenderer(CPUMath):
   """LLVM IR for the host (see the module docstring). `cpu` / `features`: the `target-cpu` and `target-features` the
   kernel is marked with (default: the host's, from llvmlite); `vector_width`: float lanes of one vector instruction."""
   has_local = has_shared = False
-  supports_float4 = True
+  supports_float4 = masked_access = True
   capabilities = frozenset({"float16", "bfloat16", "float64", "int64"})
 
   def __init__(self, device: str, vector_width: int | None = None, cpu: str | None = None, features: str | None = None,
@@ -575,8 +579,21 @@ exit:
     self.start(join)
     return self.emit(f"phi {t} [ {x}, %{came} ], [ {alt}, %{pre} ]")
 
+  def masked(self, store: bool, d: DType) -> str:
+    """LLVM's masked load (store) of vector `d` in memory (declared once): only the lanes whose i1 is set touch memory."""
+    t = mtype(d)
+    elem = memory_type(d.scalar())
+    fn = f"@llvm.masked.{'store' if store else 'load'}.v{d.count}{_MANGLE.get(elem, elem)}.p0"
+    mask = f"<{d.count} x i1>"
+    self.need(fn, f"declare void {fn}({t}, ptr, i32, {mask})" if store else f"declare {t} {fn}(ptr, i32, {mask}, {t})")
+    return fn
+
   def load(self, u: UOp) -> str:
     p, dt = self.ptrs[u.src[0]], u.dtype
+    if lane_gate(u.src[0]) is not None:  # a vector gate (Renderer.masked_access): one masked load, the other lanes 0
+      x = self.emit(f"call {mtype(dt)} {self.masked(False, dt)}(ptr {self.address(p)}, i32 {p.elem.itemsize}, <{dt.count} x i1> {p.gate}, "
+                    f"{mtype(dt)} zeroinitializer)")
+      return self.from_memory(x, dt)
     alt = u.src[1] if len(u.src) > 1 and u.src[1].dtype is not dtypes.void else None
     d = dt if dt.count > 1 else p.elem  # a vector: the contiguous elements from the address
     def access() -> str: return self.from_memory(self.emit(f"load {mtype(d)}, ptr {self.address(p)}, align {p.elem.itemsize}"), d)
@@ -591,6 +608,9 @@ exit:
       op = "add" if dtypes.is_int(d) else "fadd"
       self.emit(f"atomicrmw {op} ptr {self.address(p)}, {mtype(d)} {self.v[val]} monotonic, align {p.elem.itemsize}")
     if p.gate is None: return write()
+    if lane_gate(u.src[0]) is not None:
+      return self.line(f"call void {self.masked(True, d)}({mtype(d)} {self.to_memory(self.v[val], d)}, ptr {self.address(p)}, "
+                       f"i32 {p.elem.itemsize}, <{d.count} x i1> {p.gate})")
     yes, join = self.label("store"), self.label("stored")
     self.line(f"br i1 {p.gate}, label %{yes}, label %{join}")
     self.start(yes)

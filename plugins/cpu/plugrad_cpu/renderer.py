@@ -86,7 +86,7 @@ class CPURenderer(CPUMath, CStyleRenderer):
   """C for the host's compiler. `native_float16` / `native_bfloat16`: whether the compiler has `_Float16` / `__bf16`
   (from the toolchain probe); `vector_width`: the float lanes of one vector instruction (8 with AVX2, else 4)."""
   has_local = has_shared = False
-  supports_float4 = offset_addressing = True
+  supports_float4 = offset_addressing = masked_access = True
   capabilities = frozenset({"float16", "bfloat16", "float64", "int64"})
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "_Bool", dtypes.float16: "_Float16"}
 
@@ -100,6 +100,40 @@ class CPURenderer(CPUMath, CStyleRenderer):
   def __repr__(self) -> str:
     return (f"<CPURenderer {self.device}: float16 {'native' if self.native_float16 else 'emulated'}, "
             f"bfloat16 {'native' if self.native_bfloat16 else 'emulated'}, {self.vector_width}-wide float vectors>")
+
+  # ---- masked vector access (a padded row's borders: codegen/expand.py)
+  def _masked(self, dt: DType, store: bool) -> str:
+    """The helper that loads (stores) vector `dt` of memory elements through a vector of bool gates, touching only the
+    lanes whose gate is true: AVX's vmaskmovps for 4 or 8 lanes of 4 bytes, AVX-512's masked moves for 16, lane by
+    lane elsewhere (a compiler may not turn that into one instruction: it could fault on a lane the gate excludes)."""
+    t, n, s = self.tname(dt), dt.count, dt.scalar()
+    m, fn = self.tname(dtypes.bool.vec(n)), f"pg_mask{'store' if store else 'load'}_{self.vector_name(dt)}"
+    lanes = [self.render_gep("m", dtypes.bool.vec(n), j) for j in range(n)]
+    sig = f"{self.helper_prefix}{'void' if store else t} {fn}({'' if store else 'const '}{self.tname(s)} *p, {m} m{f', {t} x' if store else ''})"
+    plain = (" ".join(f"if ({g}) p[{j}] = x[{j}];" for j, g in enumerate(lanes)) if store else
+             f"return ({t}){{{', '.join(f'{g} ? p[{j}] : ({self.tname(s)})0' for j, g in enumerate(lanes))}}};")
+    fast = None
+    if s.itemsize == 4 and self._gnu(dt) and n in (4, 8, 16):
+      f32 = self.tname(dtypes.float32.vec(n))
+      if n == 16:  # the mask is 16 bits, one per lane
+        bits = " | ".join(f"((unsigned short){g} << {j})" for j, g in enumerate(lanes))
+        fast = ("defined(__AVX512F__)", f"__builtin_ia32_storeups512_mask((void *)p, ({f32})x, {bits});" if store else
+                f"return ({t})__builtin_ia32_loadups512_mask((const void *)p, ({f32}){{0}}, {bits});")
+      else:  # a lane's sign bit selects it
+        mask = f"(pg_imask{n}){{{', '.join(f'-(int){g}' for g in lanes)}}}"
+        self.need(f"pg_imask{n}", f"typedef int pg_imask{n} __attribute__((vector_size({4 * n})));")
+        b = "256" if n == 8 else ""
+        fast = ("defined(__AVX__)", f"__builtin_ia32_maskstoreps{b}((void *)p, {mask}, ({f32})x);" if store else
+                f"return ({t})__builtin_ia32_maskloadps{b}((const void *)p, {mask});")
+    body = plain if fast is None else f"#if {fast[0]}\n  {fast[1]}\n#else\n  {plain}\n#endif"
+    self.need(fn, f"{sig} {{\n  {body}\n}}")
+    return fn
+
+  def render_masked_load(self, p: Ptr, dt: DType) -> str:
+    return f"{self._masked(self.mdt(dt), False)}({p.base}+{p.idx if p.idx is not None else 0}, {p.gate})"
+
+  def render_masked_store(self, p: Ptr, dt: DType, value: str) -> str:
+    return f"{self._masked(self.mdt(dt), True)}({p.base}+{p.idx if p.idx is not None else 0}, {p.gate}, {value});"
 
   def render_atomic_add(self, p: Ptr, value: str) -> str:
     ptr, dt = f"&{self._address(p, p.elem)}", p.elem
