@@ -992,7 +992,7 @@ def _depthwise_ref(x: np.ndarray, wt: np.ndarray, pad: int) -> np.ndarray:
   return sum(xp[:, :, i:i + h, j:j + wd] * wt[None, :, 0, i, j, None, None] for i in range(k) for j in range(k))
 
 
-@pytest.mark.parametrize("width,ksize", [(16, 3), (7, 3), (14, 3), (20, 5)])
+@pytest.mark.parametrize("width,ksize", [(16, 3), (7, 3), (14, 3), (20, 5), (56, 7)])
 def test_heuristics_masked_row_tile_for_a_depthwise_convolution(width, ksize):
   # a depthwise convolution reuses no operand across output channels, so the channel tile gathered its padded input
   # (lanes 56x56 floats apart: 16 GFLOPS); its lanes now run along the output row, each window position one vector load
@@ -1011,10 +1011,12 @@ def test_heuristics_masked_row_tile_for_a_depthwise_convolution(width, ksize):
   row = len(Scheduler(ast, rd).output_axes) - 1
   pads = [Opt(OptOps.PADTO, row, w)] if width % w else []
   vectors = -(-width // w)
-  whole = [Opt(OptOps.UPCAST, row, 0)] if 1 < vectors <= 4 else []  # a short row copied whole: constant border masks
-  rows = _divisor(6, min(8, 14 // vectors, 1024 // (w * vectors * ksize * ksize)))
-  assert applied == [*pads, Opt(OptOps.UPCAST, row, w), *whole, *([Opt(OptOps.UPCAST, row - 1, rows)] if rows > 1 else []),
-                     Opt(OptOps.UNROLL, 1, 0), Opt(OptOps.UNROLL, 0, 0)], applied
+  whole = [Opt(OptOps.UPCAST, row, 0)] if 1 < vectors <= 8 else []  # a short row copied whole: constant border masks
+  # the window unrolled whole from its innermost axis while the lanes leave room for two rows, then the rows
+  window = ksize * ksize if w * vectors * 2 * ksize * ksize <= 1024 else ksize
+  rows = _divisor(6, min(8, 14 // vectors, 1024 // (w * vectors * window)))
+  unrolls = [Opt(OptOps.UNROLL, 1, 0)] + ([Opt(OptOps.UNROLL, 0, 0)] if window > ksize else [])
+  assert applied == [*pads, Opt(OptOps.UPCAST, row, w), *whole, *([Opt(OptOps.UPCAST, row - 1, rows)] if rows > 1 else []), *unrolls], applied
   prg = get_program(ast, rd, opts=applied)
   assert "llvm.masked.load" in prg.source and ("llvm.masked.store" in prg.source) == bool(pads), prg.source
   check_same(ast, rd, applied, var_vals)

@@ -344,8 +344,7 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
 
 MASKED_ROWS = 8     # output rows a masked row tile computes at once (a 3x3 window's rows then share 2 of every 3 loads)...
 MASKED_COPIES = 14  # ...and vector accumulators in all (the row's vectors x the rows)
-MASKED_WHOLE = 4    # a row of at most this many vectors is copied whole (its border masks become constants)
-MASKED_UNROLL_MAX = 64  # window positions (the reduction's whole size) the masked row tile unrolls completely
+MASKED_WHOLE = 8    # a row of at most this many vectors is copied whole (its border masks become constants)
 
 
 def _masked_row_tile(k: Scheduler, vec_axis: int | None) -> bool:
@@ -355,13 +354,14 @@ def _masked_row_tile(k: Scheduler, vec_axis: int | None) -> bool:
   renderer's masked vector access (`masked_access`) every window position is one vector load whose border lanes are
   masked off; the axis is padded to whole vectors (by at most 1/ONE_VECTOR_PAD_MAX: 28 -> 32, 7 -> 8) with masked
   stores, and copied whole when it is at most MASKED_WHOLE vectors (each copy's masks are then constants, not built
-  per iteration: 8x192x28x28, one thread, 1.41 -> 0.76 ms). The next output axis the operand depends on gives up to
-  MASKED_ROWS rows (MASKED_COPIES accumulators in all) and the window is unrolled whole, so neighbouring rows share
-  their loads (row y+1's top is row y's middle; 8x960x7x7 with 7 rows: 1.01 -> 0.28 ms)."""
+  per iteration: 8x192x28x28, one thread, 1.41 -> 0.76 ms; a 7x7 window at 56 wide 2.1 -> 1.2 ms). The window's axes
+  are unrolled whole from the innermost while the lanes (MAX_UPCAST) leave room for two rows, so neighbouring rows
+  share their loads (row y+1's top is row y's middle); the next output axis the operand depends on then gives up to
+  MASKED_ROWS rows, MASKED_COPIES accumulators in all (8x960x7x7 with 7 rows: 1.01 -> 0.28 ms)."""
   rd, w = k.renderer, k.renderer.vector_width
   if not rd.masked_access or w <= 1 or vec_axis is None or len(k.reduces) != 1 or not k.reduce_axes: return False
   x = k.output_axes[vec_axis]
-  if not (sz := _const_size(x)) or -sz % w > sz // ONE_VECTOR_PAD_MAX or prod(_const_size(r) for r in k.reduce_axes) > MASKED_UNROLL_MAX: return False
+  if not (sz := _const_size(x)) or -sz % w > sz // ONE_VECTOR_PAD_MAX or not all(_const_size(r) for r in k.reduce_axes): return False
   loads = [u.src[0] for u in k.reduces[0].src[0].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
   # a load gated along the axis and contiguous along it, every load that moves with the axis contiguous along it
   # (stride 1), and the gated operand read by every output: no operand is reused across an output axis, so no register
@@ -374,11 +374,14 @@ def _masked_row_tile(k: Scheduler, vec_axis: int | None) -> bool:
   if not _try(trial, Opt(OptOps.UPCAST, vec_axis, w)): return False
   vectors = chunks if 1 < (chunks := _const_size(trial.output_axes[vec_axis])) <= MASKED_WHOLE and _try(trial, Opt(OptOps.UPCAST, vec_axis, 0)) else 1
   streamed = {r for ix in loads if x in ix.src[1].toposort for r in ix.src[1].toposort if r.op is Ops.RANGE}
-  outs, window = trial.output_axes, prod(_const_size(r) for r in trial.reduce_axes)
+  outs, unroll, window = trial.output_axes, [], 1  # the window's copies count as lanes too
+  for n in reversed(range(len(trial.reduce_axes))):
+    if w * vectors * 2 * window * (size := _const_size(trial.reduce_axes[n])) > MAX_UPCAST: break
+    unroll, window = unroll + [n], window * size
   rows = next((n for n in reversed(range(len(outs))) if n != vec_axis and outs[n] in streamed and _const_size(outs[n]) > 1), None)
-  limit = min(MASKED_ROWS, MASKED_COPIES // vectors, MAX_UPCAST // (w * vectors * window))  # the window's copies count as lanes too
+  limit = min(MASKED_ROWS, MASKED_COPIES // vectors, MAX_UPCAST // (w * vectors * window))
   if rows is not None and (d := _divisor(_const_size(outs[rows]), limit)) > 1: _try(trial, Opt(OptOps.UPCAST, rows, d))
-  for n in reversed(range(len(trial.reduce_axes))): _try(trial, Opt(OptOps.UNROLL, n, 0))
+  for n in unroll: _try(trial, Opt(OptOps.UNROLL, n, 0))
   k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
   return True
 
