@@ -212,7 +212,7 @@ def _rule(p: Program, i: int, l: Line) -> str | None:
   if op is Ops.INDEX:
     if not 2 <= n <= 3 or not isinstance(sd[0], PtrDType) or sd[0].v != 1 or not _is_int(sd[1]): return "INDEX needs (pointer, integer index[, gate])"
     if sd[1].count != 1: return f"INDEX by a vector of {sd[1].count} indices: the codegen splits vectors of addresses (codegen/decompose.py)"
-    if n == 3 and sd[2] is not dtypes.bool: return "INDEX gate must be one bool"
+    if n == 3 and sd[2].scalar() is not dtypes.bool: return "INDEX gate must be a bool, or one bool per lane of a vector access"
     return None if isinstance(dt, PtrDType) and dt.base.scalar() is sd[0].base.scalar() else "INDEX must keep the pointer's element type"
   if op in (Ops.LOAD, Ops.STORE):
     if not n or not isinstance(sd[0], PtrDType): return f"{op.name} needs a pointer first"
@@ -303,7 +303,8 @@ def check_program(text: str) -> Program:
 # ---- memory
 
 class Ptr(NamedTuple):
-  """A pointer value (one address per thread): the scalar position into `mem` ((T,); None: 0) and the gate ((T,); None: always)."""
+  """A pointer value (one address per thread): the scalar position into `mem` ((T,); None: 0) and the gate ((T,), or
+  (T, lanes) for a masked vector access (Renderer.masked_access); None: always)."""
   mem: Mem
   pos: np.ndarray | None
   gate: np.ndarray | None
@@ -381,7 +382,10 @@ class _Launch:
     mem = ptr.mem
     addr = (np.zeros(self.T, np.int64) if ptr.pos is None else ptr.pos)[:, None] + np.arange(width)
     active: np.ndarray | None = None
-    if ptr.gate is not None: active = np.repeat(ptr.gate.reshape(self.T, 1), width, axis=1)
+    if ptr.gate is not None and ptr.gate.ndim == 2:  # one gate per lane: a masked vector access
+      if ptr.gate.shape[1] != width: raise self.error(pc, f"{verb} of {width} lanes through a gate of {ptr.gate.shape[1]} lanes")
+      active = ptr.gate
+    elif ptr.gate is not None: active = np.repeat(ptr.gate.reshape(self.T, 1), width, axis=1)
     if self.mask is not None: active = self.mask[:, None] & (active if active is not None else True)
     bad = (addr < 0) | (addr >= mem.size)
     if active is not None: bad &= active
@@ -542,7 +546,7 @@ class _Launch:
     idx = self.v[l.src[1]].astype(np.int64) * self.p.lines[l.src[0]].dtype.base.count
     pos = idx if base.pos is None else base.pos + idx
     gate = self.v[l.src[2]] if len(l.src) == 3 else None
-    if base.gate is not None: gate = base.gate if gate is None else gate & base.gate
+    if base.gate is not None: gate = base.gate if gate is None else gate & (base.gate if gate.ndim == 1 else base.gate[:, None])
     return Ptr(base.mem, pos, gate)
 
   def vectorize(self, pc: int, l: Line) -> Any:

@@ -505,6 +505,33 @@ def atomic_add(dt: DType) -> Callable[[Renderer], SuiteKernel]:
   return build
 
 
+def masked_access(r: Renderer) -> SuiteKernel:
+  """Vector loads and stores gated per lane (`Renderer.masked_access`): out[p] = 2 * a[p - 1] over M = 3w + 3
+  elements, w lanes at a time through one address each; the first load's lane 0 (a[-1]) and the last chunk's lanes
+  past M are masked off (the load gives 0 there, the store writes nothing)."""
+  w = max(2, r.vector_width)
+  m, chunks = 3 * w + 3, 4
+  k = LinearBuilder()
+  out, a = k.glob(0, dtypes.float32, m), k.glob(1, dtypes.float32, m)
+  two = k.emit(UOp.const(dtypes.float32.vec(w), 2.0))
+  i = k.range(chunks, 0)
+  start = k.alu(Ops.MUL, i, k.const(I32, w))
+  src = k.alu(Ops.ADD, start, k.const(I32, -1))
+  def lanes(at: UOp, lo: bool) -> UOp:
+    gates = []
+    for j in range(w):
+      p = k.alu(Ops.ADD, at, k.const(I32, j))
+      inside = k.alu(Ops.CMPLT, p, k.const(I32, m))
+      gates.append(k.alu(Ops.AND, k.alu(Ops.CMPLT, k.const(I32, -1), p), inside) if lo else inside)
+    return k.emit(UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(gates)))
+  ld = k.emit(UOp(Ops.LOAD, dtypes.float32.vec(w), (UOp(Ops.INDEX, a.dtype, (a, src, lanes(src, True))),)))
+  k.emit(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, start, lanes(start, False))), k.alu(Ops.MUL, ld, two))))
+  k.end(i)
+  x = _inputs(dtypes.float32, m, 17)
+  want = 2 * np.concatenate([np.zeros(1, np.float32), x[:-1]])
+  return SuiteKernel("masked_access", k.linear, {1: x}, {0: want}, {0: m, 1: m}, {0: dtypes.float32, 1: dtypes.float32}, rtol=1e-6)
+
+
 def _attention_backward_case() -> tuple[Any, dict[str, np.ndarray]]:
   """The backward kernels' case: 2 heads, 8 queries, 16 keys, a per-head additive mask with -inf entries; the inputs and
   float64 numpy results by name (lse2 is the base-2 log-sum-exp of the scaled scores, D = rowsum(P∘dP))."""
@@ -560,9 +587,10 @@ def flash_attention_backward_kv(r: Renderer) -> SuiteKernel:
 
 
 def device_kernels(renderer: Renderer) -> dict[str, Callable[[Renderer], SuiteKernel]]:
-  """The kernels of what a renderer declares: its tensor cores, its atomic adds."""
+  """The kernels of what a renderer declares: its tensor cores, its atomic adds, its masked vector access."""
   return {**{f"wmma-{tc.name}": tensor_core(tc) for tc in renderer.tensor_cores},
-          **{f"atomic-add-{dname(dt)}": atomic_add(dt) for dt in sorted(renderer.atomic_add, key=dname)}}
+          **{f"atomic-add-{dname(dt)}": atomic_add(dt) for dt in sorted(renderer.atomic_add, key=dname)},
+          **({"masked-access": masked_access} if renderer.masked_access else {})}
 
 
 # ---- helpers for a backend's own tests (hand-built kernels beyond the suite)

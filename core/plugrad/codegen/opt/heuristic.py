@@ -374,7 +374,7 @@ def _masked_row_tile(k: Scheduler, vec_axis: int | None) -> bool:
   if not _try(trial, Opt(OptOps.UPCAST, vec_axis, w)): return False
   vectors = chunks if 1 < (chunks := _const_size(trial.output_axes[vec_axis])) <= MASKED_WHOLE and _try(trial, Opt(OptOps.UPCAST, vec_axis, 0)) else 1
   streamed = {r for ix in loads if x in ix.src[1].toposort for r in ix.src[1].toposort if r.op is Ops.RANGE}
-  outs, unroll, window = trial.output_axes, [], 1  # the window's copies count as lanes too
+  outs, unroll, window = trial.output_axes, list[int](), 1  # the window's copies count as lanes too
   for n in reversed(range(len(trial.reduce_axes))):
     if w * vectors * 2 * window * (size := _const_size(trial.reduce_axes[n])) > MAX_UPCAST: break
     unroll, window = unroll + [n], window * size
