@@ -205,24 +205,23 @@ class _Vectorizer:
     if (ret := self.memo.get(u)) is None: ret = self.memo[u] = self._vec(u)
     return ret
 
+  def _vector_index(self, ix: UOp) -> UOp | None:
+    """INDEX `ix` as the address of one vector access when its index runs contiguously along the lanes (its base), else
+    None. A gate that differs per lane (a padded row's borders) becomes a vector gate (a masked access) where the
+    renderer has `masked_access`; without it such an access is split into lanes."""
+    gate = ix.src[2] if len(ix.src) > 2 else None
+    if ix.src[0] in self.dep or (gate in self.dep and not self.masked) or (base := _contiguous(ix.src[1], self.v)) is None: return None
+    return ix.replace(src=(ix.src[0], base, *((self.vec(gate),) if gate in self.dep else ix.src[2:])))
+
   def _vec(self, u: UOp) -> UOp:
     w = self.w
     if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and all(s.dtype is dtypes.void for s in u.src[1:]):  # ordering sources (a PACK copy) stay
-      ix = u.src[0]
-      gate = ix.src[2] if len(ix.src) > 2 else None
-      if (gate is None or gate not in self.dep or self.masked) and ix.src[0] not in self.dep and (base := _contiguous(ix.src[1], self.v)) is not None:
-        # a gate that differs per lane (a padded row's borders) becomes a vector gate: one masked load (masked_access)
-        vgate = (self.vec(gate),) if gate in self.dep else ix.src[2:]
-        return UOp(Ops.LOAD, u.dtype.vec(w), (ix.replace(src=(ix.src[0], base, *vgate)), *u.src[1:]))
+      if (vix := self._vector_index(u.src[0])) is not None: return UOp(Ops.LOAD, u.dtype.vec(w), (vix, *u.src[1:]))
       return UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(self.lanes(u)))
     if u.op is Ops.STORE:
-      ix, val = u.src[0], u.src[1]
-      gate = ix.src[2] if len(ix.src) > 2 else None
-      vval = self.vec_or_bcast(val)
+      ix, vval = u.src[0], self.vec_or_bcast(u.src[1])
       # an atomic add (arg Ops.ADD) is one scalar per lane: no device adds a vector atomically
-      if u.arg is None and (gate is None or gate not in self.dep or self.masked) and ix.src[0] not in self.dep and \
-         (base := _contiguous(ix.src[1], self.v)) is not None:
-        return UOp(Ops.STORE, dtypes.void, (ix.replace(src=(ix.src[0], base, *((self.vec(gate),) if gate in self.dep else ix.src[2:]))), vval))
+      if u.arg is None and (vix := self._vector_index(ix)) is not None: return UOp(Ops.STORE, dtypes.void, (vix, vval))
       return UOp(Ops.GROUP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (lx, vval.gep(c)), u.arg) for c, lx in enumerate(self.lanes(ix))))
     if u.op is Ops.WHERE and self.masked and (ld := u.src[1]).op is Ops.LOAD and ld.src[0].op is Ops.INDEX and len(ld.src[0].src) > 2 and \
        set(_conjuncts(u.src[0])) <= set(_conjuncts(ld.src[0].src[2])) and u.src[2].op is Ops.CONST and u.src[2].arg == 0 and \

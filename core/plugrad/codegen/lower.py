@@ -181,9 +181,7 @@ def lower_reduces(ast: UOp, mulacc: bool = True) -> UOp:
     vals = value.src if value.op is Ops.UNROLL else (value,)
     if not own:  # nothing to loop over (a fully unrolled axis): fold the values, no accumulator (products fused, as in a loop)
       cur = vals[0]
-      for v in vals[1:]:
-        fuse = mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype)
-        cur = UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur)) if fuse else UOp(red.arg, red.dtype, (cur, v))
+      for v in vals[1:]: cur = _fold(red, cur, v, mulacc)
       sub[red] = cur
       continue
     vtopo = value.toposort
@@ -204,10 +202,14 @@ def _accumulate(red: UOp, vals: tuple[UOp, ...], own: tuple[UOp, ...], context: 
   idx = UOp(Ops.INDEX, acc.dtype, (acc, UOp.const(dtypes.index, 0)))
   init = UOp(Ops.STORE, dtypes.void, (idx, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)), *context))
   cur = UOp(Ops.LOAD, red.dtype, (idx, init, *own))
-  for v in vals:
-    if mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype): cur = UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur))
-    else: cur = UOp(red.arg, red.dtype, (cur, v))
+  for v in vals: cur = _fold(red, cur, v, mulacc)
   return UOp(Ops.STORE, dtypes.void, (idx, cur))
+
+
+def _fold(red: UOp, cur: UOp, v: UOp, mulacc: bool) -> UOp:
+  """`cur op v` for reduction `red`; with `mulacc`, a float sum of a product is one MULACC (a fused multiply-add)."""
+  if mulacc and red.arg is Ops.ADD and v.op is Ops.MUL and dtypes.is_float(red.dtype): return UOp(Ops.MULACC, red.dtype, (v.src[0], v.src[1], cur))
+  return UOp(red.arg, red.dtype, (cur, v))
 
 
 def split_end(effect: UOp, ranges: tuple[UOp, ...]) -> UOp:
