@@ -59,7 +59,6 @@ from plugrad.renderer.base import (
   and_gates,
   define_of,
   index_parts,
-  lane_gate,
   linear_parts,
   no_signed_wrap,
   use_analysis,
@@ -76,7 +75,7 @@ from plugrad.renderer.tensor_cores import (
   UnknownTensorCoreError,
   find_tensor_core,
 )
-from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp
+from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, lane_gate
 from plugrad.uop.pattern import PatternMatcher, UPat
 from plugrad.uop.program import Estimates, ProgramArgumentError, ProgramError, ProgramStageError, ProgramUOp
 from plugrad.uop.rewrite import graph_rewrite

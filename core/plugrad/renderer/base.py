@@ -162,12 +162,6 @@ def index_parts(who: str, u: UOp) -> tuple[UOp, UOp | None] | None:
   return u.src[1], (u.src[2] if len(u.src) == 3 else None)
 
 
-def lane_gate(u: UOp) -> UOp | None:
-  """The vector gate (one bool per lane: `Renderer.masked_access`) of the access through pointer `u`, or None when its
-  gate, if any, is one bool for the whole access."""
-  return u.src[2] if u.op is Ops.INDEX and len(u.src) > 2 and u.src[2].dtype.count > 1 else None
-
-
 def and_gates(a: str | None, b: str | None, conj: Callable[[str, str], str]) -> str | None:
   """Two optional gates (None: always) as one: `conj(a, b)` renders the conjunction when both are present."""
   return b if a is None else a if b is None else conj(a, b)

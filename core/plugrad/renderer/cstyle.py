@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugrad.dtype import DType, PtrDType, dtypes
-from plugrad.renderer.base import PURE, Renderer, RendererError, and_gates, index_parts, lane_gate, linear_parts, use_analysis
-from plugrad.uop.ops import GroupOp, Ops, UOp, round_bf16
+from plugrad.renderer.base import PURE, Renderer, RendererError, and_gates, index_parts, linear_parts, use_analysis
+from plugrad.uop.ops import GroupOp, Ops, UOp, lane_gate, round_bf16
 
 C_KEYWORDS = frozenset("auto break case char const continue default do double else enum extern float for goto if inline int long register "
                        "restrict return short signed sizeof static struct switch typedef union unsigned void volatile while bool true false "

@@ -548,6 +548,12 @@ python_alu: dict[Ops, Callable[..., Any]] = {
 }
 
 
+def lane_gate(u: UOp) -> UOp | None:
+  """The vector gate (one bool per lane) of a masked vector access through pointer `u` (an INDEX with one index and a
+  gate of several lanes: `Renderer.masked_access`, docs/ir.md), or None when its gate, if any, is one bool."""
+  return u.src[2] if u.op is Ops.INDEX and len(u.src) == 3 and u.src[1].dtype.count == 1 and u.src[2].dtype.count > 1 else None
+
+
 def reduce_identity(op: Ops, dt: DType) -> float | int | bool:
   """The value a REDUCE of `op` over `dt` starts from (and a padded element of its input holds)."""
   if op is Ops.ADD: return 0

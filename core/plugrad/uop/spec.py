@@ -13,7 +13,7 @@ from typing import Any
 
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
 from plugrad.helpers import SPEC
-from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp
+from plugrad.uop.ops import AxisType, GroupOp, KernelInfo, Ops, UOp, lane_gate
 
 STAGES: tuple[str, ...] = ("tensor", "kernel", "linear", "program")
 DEVICE_RE = re.compile(r"[A-Z][A-Z0-9_]*(:[0-9]+)?")  # canonical device string: NAME or NAME:index
@@ -322,20 +322,16 @@ def _load(u: UOp) -> str | None:
   if rest and rest[0].dtype is not dtypes.void:
     if rest[0].dtype is not u.dtype: return "LOAD's alternative value must have the load's dtype"
     rest = rest[1:]
-  if _lane_gates(u.src[0]) not in (None, u.dtype.count): return "a LOAD through a vector gate has one lane per gate lane"
+  if (g := lane_gate(u.src[0])) is not None and g.dtype.count != u.dtype.count: return "a LOAD through a vector gate has one lane per gate lane"
   return None if all(s.dtype is dtypes.void for s in rest) else "LOAD takes (pointer[, alt]) and then only effects for ordering"
-
-
-def _lane_gates(p: UOp) -> int | None:
-  """The lanes of the vector gate of INDEX `p` with a scalar index (a masked vector access), else None."""
-  return p.src[2].dtype.count if p.op is Ops.INDEX and len(p.src) == 3 and p.src[1].dtype.count == 1 and p.src[2].dtype.count > 1 else None
 
 
 def _store(u: UOp) -> str | None:
   if len(u.src) != 2 or not isinstance(p := u.src[0].dtype, PtrDType): return "STORE needs sources (pointer, value)"
   if not _is_value(u.src[1].dtype) or u.src[1].dtype.scalar() is not p.base.scalar(): return "STORE value must have the pointer's element dtype"
   if u.arg is not None and (err := _atomic_store(u.arg, p, u.src[1].dtype)): return err
-  if _lane_gates(u.src[0]) not in (None, u.src[1].dtype.count): return "a STORE through a vector gate has one lane per gate lane"
+  if (g := lane_gate(u.src[0])) is not None and g.dtype.count != u.src[1].dtype.count:
+    return "a STORE through a vector gate has one lane per gate lane"
   return None if u.dtype is dtypes.void else "STORE has dtype void"
 
 

@@ -634,11 +634,12 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
     return k
   if len(reds) != 1 or not raxes: return k
   deps = {x for x in reds[0].src[0].toposort if x.op is Ops.RANGE}
-  if not _vector_lanes_fit(k, vec_axis, w) and _masked_row_tile(k, vec_axis): pass  # a window per output (depthwise)
-  elif not _vector_lanes_fit(k, vec_axis, w) and (trial := _channel_tile(k)) is not None:
+  lanes_fit = _vector_lanes_fit(k, vec_axis, w)
+  if not lanes_fit and _masked_row_tile(k, vec_axis): pass  # a window per output (depthwise)
+  elif not lanes_fit and (trial := _channel_tile(k)) is not None:
     # the store-contiguous axis cannot carry plain vector loads (a convolution): the lanes go along the output channels
     k.ast, k.applied, k._next_id = trial.ast, trial.applied, trial._next_id
-  elif vec_axis is not None and _vector_lanes_fit(k, vec_axis, w) and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads) and \
+  elif vec_axis is not None and lanes_fit and any(_contiguous(ix, outs[vec_axis]) is not None for ix in red_loads) and \
       not _lanes_gather(k, vec_axis, red_loads, w):
     # matmul-like: a register tile of 2 vectors along the vector axis x 8 (4) along another axis the reduction reads
     # (where the lanes fit: a stride-2 conv's weight gradient has the kernel's 7 columns there, and gets vector
