@@ -88,8 +88,11 @@ def test_an_output_that_cannot_fit_beside_its_untouched_input_fails_fast(cpu):
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, "DEV": "CPU"})
   assert out.stdout.startswith("refused"), out.stdout + out.stderr
   secs, maxrss_kib, input_kib = out.stdout.split()[1:]
-  # committing the input would put its whole size in RSS; the process's own (imports, the compiler) is ~130 MiB
-  assert float(secs) < 5 and int(maxrss_kib) < min(int(input_kib) // 8, 1024 * 1024), out.stdout
+  # Committing the input would put its whole size in RSS; the process's own (imports, the compiler) is ~130 MiB. The peak
+  # RSS is the measure, not the time: the refusal comes after the kernel compiles, which a loaded 2-core CI runner with
+  # cold caches took 11 s to do (committing the input took 65 s and would also show in the RSS).
+  assert int(maxrss_kib) < min(int(input_kib) // 8, 1024 * 1024), out.stdout
+  assert float(secs) < 120, out.stdout
 
 
 def test_untouched_large_buffers_count_until_committed(monkeypatch):
