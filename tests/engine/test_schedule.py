@@ -70,6 +70,26 @@ def test_softmax_realizes_the_broadcast_reductions():
   assert kernels(x.softmax(-1)) == 3  # max, sum of exp, the normalization
 
 
+def test_a_softmax_over_a_matmul_keeps_its_row_statistics_in_one_kernel():
+  # the matmul is realized (three readers); the max and the sum once counted it as a sibling reduction of theirs and
+  # got kernels of their own (three softmax kernels instead of one where rows fuse: 275 -> 161 us at 4x128x128)
+  from plugrad.helpers import Context
+  q, k, v = (Tensor(np.random.default_rng(i).standard_normal((1, 4, 128, 64), np.float32), device="CPU") for i in range(3))
+  with Context(ROW_FUSE=2):
+    p = (q @ k.transpose(-1, -2) * 0.125).softmax(-1)
+    assert kernels(p) == 2 and kernels(p @ v) == 3
+    s = q.numpy() @ k.numpy().transpose(0, 1, 3, 2) * 0.125
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose((p @ v).numpy(), (e / e.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_smaller_sibling_reduction_still_gets_its_own_kernel():
+  # a ResNet block's 3x3 conv and its 1x1 downsample added: two reduction nests, the smaller one realized apart
+  x, w3, w1 = t(1, 16, 16, 16), t(16, 16, 3, 3, seed=1), t(16, 16, 1, 1, seed=2)
+  out = (x.conv2d(w3, padding=1) + x.conv2d(w1)).relu()
+  assert kernels(out) == 2
+
+
 def test_conv_relu_is_one_kernel():
   x, w = t(1, 2, 6, 6), t(3, 2, 3, 3, seed=1)
   assert kernels(x.conv2d(w, padding=1).relu()) == 1

@@ -97,7 +97,9 @@ def find_realized(sink: UOp) -> dict[UOp, None]:
         for i, s in enumerate(u.src):
           stack.append((s, spread or u.op in (Ops.EXPAND, Ops.PAD) or (u.op is Ops.GATHER and i == 0), top, row))
     grow += [_owned_top(r, children, realize) for r, roots in users.items() if len(roots) > 1]
-    grow += _sibling_reductions(users, children, realize)
+    # siblings only once nothing else grows: a reduction realized in this round (a matmul under a softmax) no longer
+    # shares its reader's kernel, and counted as a sibling it split softmax's max and sum into kernels of their own
+    if not grow: grow += _sibling_reductions(users, children, realize)
     if not (new := [g for g in grow if g not in realize]): return realize
     for g in new: realize[g] = None
 
