@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from plugrad.backend import Allocator, BufferSpec, getenv
+from plugrad_cpu.abandoned import settle
 
 ALIGN = 64
 LARGE = 4 << 20         # from here on: check the available memory (lazy buffers counted), an mmap of its own
@@ -214,7 +215,7 @@ class CPUAllocator(Allocator[CPUBuffer]):
 
   def commit_lazy(self) -> None:
     """Commit the pages of every live large buffer that may still be untouched (their data stays as it is)."""
-    _settle()  # an interrupted launch may still write them
+    settle()  # an interrupted launch may still write them
     with self._lazy_lock:
       lazy, self._lazy, self.lazy_bytes = self._lazy, {}, 0
     for ref, _ in lazy.values():
@@ -253,21 +254,21 @@ class CPUAllocator(Allocator[CPUBuffer]):
   def _copyin(self, handle: CPUBuffer, src: memoryview) -> None:
     data = _bytes(src)
     if data.size != handle.nbytes: raise ValueError(f"{self.device}: copyin of {data.size} bytes into a buffer of {handle.nbytes}")
-    _settle()
+    settle()
     ctypes.memmove(handle.addr, data.ctypes.data, data.size)
 
   def _copyout(self, dest: memoryview, handle: CPUBuffer) -> None:
     out = _bytes(dest)
     if out.size != handle.nbytes: raise ValueError(f"{self.device}: copyout of a buffer of {handle.nbytes} bytes into {out.size}")
     if out.size and not out.flags.writeable: raise ValueError(f"{self.device}: copyout into a read-only memoryview")
-    _settle()
+    settle()
     ctypes.memmove(out.ctypes.data, handle.addr, out.size)
 
   def _transfer(self, dest: CPUBuffer, src: CPUBuffer, nbytes: int, src_dev: Allocator, dest_dev: Allocator) -> None:
     # between CPU instances (CPU_DEVICES): they share the host's memory, so a copy is one memmove
     if nbytes > min(dest.nbytes, src.nbytes):
       raise ValueError(f"{self.device}: a transfer of {nbytes} bytes between buffers of {src.nbytes} and {dest.nbytes} bytes")
-    _settle()
+    settle()
     ctypes.memmove(dest.addr, src.addr, nbytes)
 
   def _offset(self, handle: CPUBuffer, offset: int, nbytes: int) -> CPUBuffer:
@@ -277,16 +278,7 @@ class CPUAllocator(Allocator[CPUBuffer]):
 
   def _as_memoryview(self, handle: CPUBuffer, nbytes: int) -> memoryview:
     if nbytes != handle.nbytes: raise ValueError(f"{self.device}: asked for {nbytes} bytes of a buffer of {handle.nbytes}")
-    _settle()
+    settle()
     return handle.mem.data  # kernels run synchronously: nothing is pending (an interrupted launch is waited for first)
 
 
-# ---- launches that Ctrl-C left running (runtime.py): every later copy waits for them
-
-ABANDONED: list[object] = []  # runtime._Launch objects still running after a KeyboardInterrupt
-
-
-def _settle() -> None:
-  if ABANDONED:
-    from plugrad_cpu.runtime import settle
-    settle()

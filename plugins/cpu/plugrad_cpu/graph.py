@@ -21,9 +21,10 @@ from typing import Any
 
 from plugrad.backend import Buffer, Device, GraphError, GraphKernel, GraphRunner
 from plugrad_cpu import native_pool, tiering
-from plugrad_cpu.allocator import ABANDONED
+from plugrad_cpu.abandoned import ABANDONED, settle
 from plugrad_cpu.compiler import CPUCompiler
-from plugrad_cpu.runtime import LONG_WORK, POOL, CPUProgram, Launch, load_shared, settle
+from plugrad_cpu.loader import load_shared
+from plugrad_cpu.runtime import LONG_WORK, POOL, CPUProgram, Launch
 from plugrad_cpu.tiering import TIER_AFTER
 from plugrad_cpu.toolchain import toolchain
 

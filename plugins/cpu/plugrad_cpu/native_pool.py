@@ -102,7 +102,7 @@ def _load() -> Any:
   with _lock:
     if _lib is None:
       from plugrad_cpu.compiler import CPUCompiler
-      from plugrad_cpu.runtime import load_shared
+      from plugrad_cpu.loader import load_shared
       from plugrad_cpu.toolchain import toolchain
       def load(binary: bytes) -> Any:  # a cached library lacking a function is dropped and compiled again (load_cached)
         lib = load_shared(binary)

@@ -17,22 +17,21 @@ meanwhile.
 """
 from __future__ import annotations
 
-import _ctypes
 import ctypes
 import itertools
 import os
 import queue
-import tempfile
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from plugrad.backend import Dims, LaunchError, Runtime, SettingsError, UOp, c_identifier, dtypes
 from plugrad_cpu import native_pool, tiering
-from plugrad_cpu.allocator import ABANDONED, CPUBuffer
+from plugrad_cpu.abandoned import ABANDONED, settle
+from plugrad_cpu.allocator import CPUBuffer
+from plugrad_cpu.loader import load_shared
 from plugrad_cpu.renderer import PARALLEL_MARK
 from plugrad_cpu.tensor_cores import AMX_MARK, request_amx
 from plugrad_cpu.tiering import TIER_AFTER
@@ -165,20 +164,6 @@ class Launch:
     return True
 
 
-_SETTLING = threading.Lock()
-
-
-def settle() -> None:
-  """Wait for the launches Ctrl-C abandoned (each still runs its last chunk) before the CPU device is used again. The
-  wait is interruptible; an interrupted wait leaves them listed, to be waited for at the next use."""
-  with _SETTLING:
-    while ABANDONED:
-      launch = ABANDONED[0]
-      assert isinstance(launch, Launch)
-      launch.finish(None)
-      ABANDONED.pop(0)
-
-
 def _share(fn: Callable[..., Any], args: list[int], k: int, n: int) -> int:
   fn(*args, k, n)
   return threading.get_native_id()
@@ -201,18 +186,6 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=POOL.rese
 def is_object(binary: bytes) -> bool:
   """Whether `binary` is an ELF relocatable object (e_type 1, what LLVMCompiler emits), not a shared object (3)."""
   return binary[:4] == b"\x7fELF" and len(binary) > 17 and int.from_bytes(binary[16:18], "little") == 1
-
-
-def load_shared(binary: bytes) -> ctypes.CDLL:
-  """A shared object's bytes loaded into this process, unloaded (dlclose) once nothing holds it: ctypes never does,
-  and every function taken from it holds the library object, so no code in use is unmapped."""
-  with tempfile.NamedTemporaryFile(prefix="plugrad-cpu-", suffix=".so", delete=False) as f:
-    f.write(binary)
-  try: lib = ctypes.CDLL(f.name)
-  finally: os.unlink(f.name)  # the mapping outlives the file
-  if (close := getattr(_ctypes, "dlclose", None)) is not None:
-    weakref.finalize(lib, close, lib._handle).atexit = False  # at exit threads may still be parked in its code: leave it
-  return lib
 
 
 class CPUProgram:

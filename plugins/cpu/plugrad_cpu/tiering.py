@@ -49,8 +49,8 @@ def compile_c(program: Any) -> tuple[Any, Any]:
   system compiler through the compile cache (a later process finds it there)."""
   from plugrad.backend import c_identifier
   from plugrad_cpu.compiler import CPUCompiler
+  from plugrad_cpu.loader import load_shared
   from plugrad_cpu.renderer import c_renderer
-  from plugrad_cpu.runtime import load_shared
   from plugrad_cpu.toolchain import toolchain
   src = c_renderer(program.device).render(program)
   def load(binary: bytes) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from plugrad_cpu import native_pool
 from plugrad_cpu.compiler import CPUCompiler
-from plugrad_cpu.runtime import load_shared
+from plugrad_cpu.loader import load_shared
 from plugrad_cpu.toolchain import toolchain
 
 # a graph-shaped function: share `core` writes its thread id and adds 1 to every element of its part of b[1]
