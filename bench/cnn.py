@@ -51,6 +51,7 @@ def _threads_from_argv() -> int:
 THREADS = _threads_from_argv()
 os.environ["THREADS"] = str(THREADS)
 
+import peers  # bench/peers.py (the script's folder is on sys.path)
 import torch
 import torch.nn.functional as TF
 
@@ -58,14 +59,6 @@ from plugrad import Tensor, TinyJit, nn
 
 torch.set_num_threads(THREADS)
 
-
-def settle() -> None:
-  """After the warm-up: plugrad-cpu's tier-up (its LLVM kernels recompiled by the C compiler, the faster kept), which a
-  loop gets by itself after a few calls; waited for, so no compile runs beside a timed call."""
-  try:
-    from plugrad_cpu.tiering import settle as _settle
-  except ImportError: return
-  _settle()
 
 
 # ---------------------------------------------------------------- the models, once for both frameworks
@@ -313,7 +306,7 @@ def sweep_op(op: tuple[Any, ...], rounds: int) -> Row:
   with torch.inference_mode():
     got, want = run_pg().numpy(), run_th().numpy()
     for _ in range(2): run_pg()  # TinyJit captures on the second call
-    settle()
+    peers.settle_tiers()
     pg_s, th_s = best_pair(run_pg, run_th, rounds)
   return Row(op_label(op), pg_s, th_s, flops, rel_err(got, want))
 
@@ -356,7 +349,7 @@ def model_row(name: str, batch: int, rounds: int, size: int) -> Row:
     for mod in _torch_modules(th): mod.eval()  # BatchNorm with the running statistics
     want = th(tx).numpy()
     fwd(px)
-    settle()
+    peers.settle_tiers()
     pg_s, th_s = best_pair(lambda: fwd(px), lambda: th(tx), rounds, block_s=0.3)
   rec: list[tuple[Any, ...]] = []
   MODELS[name](plugrad_ops(rec))(Tensor.empty(batch, 3, size, size))
@@ -398,7 +391,7 @@ def train_row(name: str, batch: int, rounds: int, size: int) -> Row:
     got = [step(px, py).item() for _ in range(3)]
     first = time.perf_counter() - t0
     want = [t_step().item() for _ in range(3)]
-    settle()
+    peers.settle_tiers()
     pg_s, th_s = best_pair(lambda: step(px, py).item(), lambda: t_step().item(), rounds, block_s=0.5)
   finally: Tensor.training = False
   return Row(f"{name} train step b{batch} {size}x{size}", pg_s, th_s, 0.0, rel_err(np.array(got), np.array(want)),

@@ -67,6 +67,8 @@ import tempfile
 import time
 from typing import Any
 
+import peers  # bench/peers.py (the script's folder is on sys.path)
+
 FRAMEWORKS = ("plugrad", "numpy", "torch", "tinygrad")
 PEERS = ("numpy", "torch", "tinygrad")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -188,15 +190,6 @@ def _fresh_graphs(n: int) -> list[tuple[int, int]]:
   return [(64 + 8 * i, 96 + 16 * i) for i in range(n)]
 
 
-def settle_tiers() -> None:
-  """plugrad's LLVM-compiled kernels are recompiled by the C compiler once reused, the faster code kept
-  (plugrad_cpu/tiering.py): a loop runs that code after its first few iterations, so it is what timed runs measure."""
-  try:
-    from plugrad_cpu.tiering import settle
-  except ImportError: return
-  settle()
-
-
 def extra_main(kind: str, arg: int) -> None:
   """One measurement in this (fresh) process, printed as one JSON line: `codegen` (ms per new kernel: schedule + optimize +
   lower + render, no compiler), `latency` (ms from building a new graph to its result, compiler included), `beam`
@@ -244,7 +237,7 @@ def extra_main(kind: str, arg: int) -> None:
     t0 = time.perf_counter()
     (a @ b).realize()
     first = time.perf_counter() - t0
-    settle_tiers()  # like every workload: the tiered code, after the warm-up
+    peers.settle_tiers()  # like every workload: the tiered code, after the warm-up
     (a @ b).realize()
     ts = []
     for _ in range(5):
@@ -428,7 +421,7 @@ class PlugradSide(Side):
 
   def fresh_allocs(self) -> int | None: return self._fresh
 
-  def settle(self) -> None: settle_tiers()
+  def settle(self) -> None: peers.settle_tiers()
   def bf16(self, x: Any) -> Any: return x.cast(self.plugrad.dtypes.bfloat16).realize()
   def int_matmul(self, a: Any, b: Any) -> Any: return a.cast(self.plugrad.dtypes.int32) @ b.cast(self.plugrad.dtypes.int32)
 

@@ -73,11 +73,6 @@ def bench_plugrad(d: dict[str, np.ndarray], reps: int) -> dict[str, Any]:
   from plugrad.nn.optim import SGD
   from plugrad.nn.state import get_parameters
 
-  settle: Callable[[], None] | None = None
-  try:  # plugrad-cpu recompiles reused LLVM kernels in the background (plugrad_cpu/tiering.py)
-    from plugrad_cpu.tiering import settle
-  except ImportError: pass
-
   out: dict[str, Any] = {}
   def run(name: str, make: Callable[[], Callable[[], Any]]) -> None:
     res: dict[str, Any] = {}
@@ -86,7 +81,7 @@ def bench_plugrad(d: dict[str, np.ndarray], reps: int) -> dict[str, Any]:
         fn = make()
         jitted = getattr(fn, "jit", None)
         for _ in range(3): fn()  # capture on the second call
-        if settle is not None: settle()  # the tiered code a long loop gets, and no recompile running while timed
+        peers.settle_tiers()  # the tiered code a long loop gets, and no recompile running while timed
         n = reps if jit else max(5, reps // 20)
         res[mode] = median_s(fn, n)
         if jitted is not None and jitted.captured is not None: res["kernels"] = sum(ei.runner is not None for ei in jitted.captured.items)

@@ -20,8 +20,12 @@ from typing import Any
 
 import numpy as np
 
-# run as `python bench/onnx.py`, this file's folder is first on sys.path and `import onnx` would import this file
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
+# run as `python bench/onnx.py`, this file's folder is first on sys.path and `import onnx` would import this file: it goes
+# last, after site-packages, where `import peers` still finds bench/peers.py
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE] + [_HERE]
+
+import peers
 
 
 def _torch() -> Any:
@@ -190,22 +194,13 @@ def bench_one(name: str, args: argparse.Namespace, opts: Any) -> str:
   run_pg()
   first = time.perf_counter() - st
   for _ in range(3): run_pg()  # the JIT captures on the second call and replays from the third
-  settle()
+  peers.settle_tiers()
   sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
   t_pg = _best(run_pg, args.reps)
   t_ort = _best(lambda: sess.run(None, {"x": x}), args.reps)
   with torch.no_grad(): t_th = _best(lambda: model(torch.from_numpy(x)), args.reps)
   return (f"  {name:<10} plugrad {t_pg:9.2f} ms  onnxruntime {t_ort:9.2f} ms  x {t_pg / t_ort:5.2f}   torch {t_th:9.2f} ms"
           f"   [first {first:.1f} s]")
-
-
-def settle() -> None:
-  """plugrad-cpu's tier-up (its LLVM kernels recompiled by the C compiler, the faster kept), which a loop gets by itself
-  after 256 calls: waited for, so the figure is the code a serving loop runs and no compile runs beside a timed call."""
-  try:
-    from plugrad_cpu.tiering import settle as _settle
-  except ImportError: return
-  _settle()
 
 
 def _proto(data: bytes) -> Any:

@@ -19,6 +19,16 @@ def clang() -> str | None:
   return os.environ.get("CC") or shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"), reverse=True)), None)
 
 
+def settle_tiers() -> None:
+  """After a warm-up: plugrad-cpu's tier-up (reused LLVM-compiled kernels recompiled by the C compiler, the faster code
+  kept; plugrad_cpu/tiering.py), waited for. A loop gets that code by itself after a few calls, so it is what timed runs
+  should measure, and no compile then runs beside a timed call. Nothing to wait for without plugrad-cpu."""
+  try:
+    from plugrad_cpu.tiering import settle
+  except ImportError: return
+  settle()
+
+
 def run_peer(script: str, name: str, threads: int, *args: str, timeout: float | None = None,
              env_extra: dict[str, str] | None = None) -> dict[str, Any] | str:
   """`python script --peer name --threads N *args` in a subprocess: the JSON it prints last, or why there is none

@@ -83,22 +83,17 @@ def bench_plugrad(d: dict[str, np.ndarray], warmup: int, reps: int) -> dict[str,
       return loss.realize(*opt.schedule_step())
     return lambda: step().numpy()
 
-  settle: Callable[[], None] | None = None
-  try:  # after the warm-up: the faster of the LLVM and C code, which a loop gets by itself after a few steps
-    from plugrad_cpu.tiering import settle
-  except ImportError: pass
-
   Tensor.training = True
   cnn, mlp = DigitsCNN(), MLP()
   img, img_y, vec, vec_y = (Tensor(d[k]).realize() for k in ("img", "img_y", "vec", "vec_y"))
   warmup = max(warmup, 3)  # TinyJit captures on its second call
   cnn_step = train_step(cnn, Adam(get_parameters(cnn), lr=1e-2), img, img_y, label_smoothing=0.1)
-  out = {"digits-cnn train b128": median_ms(cnn_step, warmup, reps, settle)}
+  out = {"digits-cnn train b128": median_ms(cnn_step, warmup, reps, peers.settle_tiers)}
   Tensor.training = False
   infer = TinyJit(lambda: mlp(vec).realize())
-  out["mlp infer b256"] = median_ms(lambda: infer().numpy(), warmup, reps, settle)
+  out["mlp infer b256"] = median_ms(lambda: infer().numpy(), warmup, reps, peers.settle_tiers)
   Tensor.training = True
-  out["mlp sgd b256"] = median_ms(train_step(mlp, SGD(get_parameters(mlp), lr=0.01), vec, vec_y), warmup, reps, settle)
+  out["mlp sgd b256"] = median_ms(train_step(mlp, SGD(get_parameters(mlp), lr=0.01), vec, vec_y), warmup, reps, peers.settle_tiers)
   return out
 
 

@@ -283,11 +283,7 @@ def peer_main(name: str, job: dict[str, Any], threads: int, reps: int) -> dict[s
   t0 = time.perf_counter()
   fn()
   second = time.perf_counter() - t0
-  settle = None
-  if name == "plugrad":
-    try:  # the faster of the LLVM and C code, which a loop gets by itself after a few steps (bench/train.py)
-      from plugrad_cpu.tiering import settle
-    except ImportError: pass
+  settle = peers.settle_tiers if name == "plugrad" else None
   # the budget is per cell: runs over a second get at most 3 reps, and over 5 s no warm-up beyond the two calls above
   ms = median_ms(fn, 0 if second >= 5.0 else 1, reps if second < 1.0 else min(reps, 3), settle)
   return {"ms": ms, "first_s": first}
