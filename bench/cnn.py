@@ -1,7 +1,7 @@
 """Convolutional networks on the CPU: plugrad next to PyTorch in one process, same threads, same weights and inputs.
 
   python bench/cnn.py [--threads N] [--quick] [--only sweep,models,train] [--models resnet18,resnet50,mobilenetv2]
-                      [--batches 1,8] [--filter TEXT] [--rounds R] [--untuned]
+                      [--batches 1,8] [--filter TEXT] [--rounds R] [--untuned] [--train-models resnet18,...]
 
 * **sweep**: one line per distinct conv, pool and matmul shape of ResNet-18, ResNet-50 and MobileNetV2 (recorded from a
   lazy forward of the models below at each batch, so the list is what the models run), plus the batch-1 matmuls of a
@@ -15,6 +15,7 @@
 * **train**: one ResNet-18 training step at batch 8 (forward, cross-entropy, backward, SGD with momentum 0.9; BatchNorm
   in training mode), plugrad under TinyJit, PyTorch eagerly (autograd on); "first" is plugrad's first three steps. The
   losses of the first three steps are compared (both start from the same weights and take the same steps).
+  `--train-models resnet18,mobilenetv2,resnet50` times the other models' steps too.
 
 How it measures: plugrad runs each op or model under TinyJit (a replay from the third call), PyTorch eagerly under
 inference_mode, both on the same thread count (plugrad's THREADS, torch.set_num_threads) in this one process. After a
@@ -424,6 +425,7 @@ def main() -> None:
   ap.add_argument("--filter", default="", help="sweep rows whose label contains this text")
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--untuned", action="store_true", help="add shapes the optimizer was not tuned on")
+  ap.add_argument("--train-models", default="resnet18", help="models whose training step is timed (the issue's is resnet18)")
   args = ap.parse_args()
   models, batches = [m for m in args.models.split(",") if m], [int(b) for b in args.batches.split(",") if b]
   if bad := [m for m in models if m not in MODELS]: raise SystemExit(f"unknown model(s) {bad}; known: {', '.join(MODELS)}")
@@ -447,7 +449,9 @@ def main() -> None:
     print(f"  models geometric mean x{geomean(mrows):.2f}")
   if "train" in args.only:
     print("training (one SGD step):")
-    print(train_row("resnet18", 2 if args.quick else 8, 1 if args.quick else args.rounds, 112 if args.quick else 224).line(), flush=True)
+    for m in [m for m in args.train_models.split(",") if m]:
+      if m not in MODELS: raise SystemExit(f"unknown model {m!r}; known: {', '.join(MODELS)}")
+      print(train_row(m, 2 if args.quick else 8, 1 if args.quick else args.rounds, 112 if args.quick else 224).line(), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ nodes (comparisons, indices, masks) end the walk.
 """
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -245,6 +247,31 @@ def kernel_output_origin(after: UOp) -> UOp:
   return UOp(Ops.AFTER, after.dtype, (out.get(after.src[0], after.src[0]), k.replace(src=tuple(out.get(s, s) for s in k.src))))
 
 
+# Nodes of the tensor graph whose derivative the layer that built them gives (a conv's input gradient as a transposed
+# conv, tensor/nn_ops.py): node -> (the sources its gradient goes to, rule(node, gradient of node) -> one per source).
+# Weak keys: an entry lives as long as the node, and a rewritten graph (a source realized since) is a new node that the
+# op rules differentiate, which is the same derivative, only slower.
+NODE_GRADIENTS: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable[[UOp, UOp], Grads]]] = weakref.WeakKeyDictionary()
+
+
+def register_node_gradient(node: UOp, sources: tuple[UOp, ...], rule: Callable[[UOp, UOp], Grads]) -> None:
+  """Differentiate `node` by `rule` (to `sources`, which must be in its graph) instead of op by op down to them. The rule
+  must not hold `node` itself (it is passed in): the entry would keep its own key alive."""
+  NODE_GRADIENTS[node] = (sources, rule)
+
+
+def chain_gradient(top: UOp, g: UOp, target: UOp) -> UOp:
+  """The gradient at `target` of `g` at `top`, by the op rules down a chain of single-source ops (movement ops, casts)
+  from `top` to `target`: the same UOps the derivative walk would build there."""
+  u = top
+  while u is not target:
+    if len(u.src) != 1: raise GradientError(f"chain_gradient: {u.op.name} has {len(u.src)} sources, the chain must be single-source")
+    g_ = RULES[u.op](u, g)[0]
+    if g_ is None: raise GradientError(f"chain_gradient: no gradient flows through {u.op.name}")
+    g, u = g_, u.src[0]
+  return g
+
+
 def _kernel_of(u: UOp) -> UOp | None:
   """The KERNEL whose registered derivative `u` (one of its outputs) takes, or None."""
   return u.src[1] if u.op is Ops.AFTER and u.src[1].op is Ops.KERNEL and u.src[1].arg in KERNEL_GRADIENTS else None
@@ -257,14 +284,15 @@ def is_kernel_output(u: UOp) -> bool:
 
 def _custom_rules(topo: Iterable[UOp]) -> dict[UOp, tuple[tuple[UOp, ...], Callable[[UOp], Grads]]]:
   """The nodes whose derivative is not their op's rule: a precompiled kernel's outputs (its registered rule, to the
-  KERNEL's sources) and every sliding-window view (uop/windows.py: its fold straight to the viewed input, in place of
-  the chain of movement-op rules below it)."""
+  KERNEL's sources), the nodes given to register_node_gradient (their rule, to their sources), and every sliding-window
+  view (uop/windows.py: its fold straight to the viewed input, in place of the chain of movement-op rules below it)."""
   def kernel_rule(k: UOp, slot: int) -> Callable[[UOp], Grads]: return lambda g: KERNEL_GRADIENTS[k.arg](k, slot, g)
   def fold_rule(x: UOp, k_: tuple[int, ...], s_: tuple[int, ...], d_: tuple[int, ...]) -> Callable[[UOp], Grads]:
     return lambda g: (window_fold(g, x.shape, k_, s_, d_),)  # type: ignore[arg-type]
   out: dict[UOp, tuple[tuple[UOp, ...], Callable[[UOp], Grads]]] = {}
   for u in topo:
     if (k := _kernel_of(u)) is not None: out[u] = (k.src, kernel_rule(k, k.src.index(u.src[0])))
+    elif (r := NODE_GRADIENTS.get(u)) is not None: out[u] = (r[0], functools.partial(r[1], u))
     elif u.op is Ops.PERMUTE and (w := window_params(u)) is not None: out[u] = ((w[0],), fold_rule(*w))
   return out
 

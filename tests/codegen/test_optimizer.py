@@ -408,29 +408,35 @@ def test_beam_without_a_timer_is_a_clear_error(tmp_path, monkeypatch):
 # ---- convolutions: the channel tile (vector lanes along the output channels, the weights PACKed into a panel)
 
 def _conv_kernels(dev: str) -> dict[str, tuple[UOp, dict[str, int]]]:
-  """A padded 3x3 convolution's forward kernel and its two backward kernels that reduce a product (the input gradient's
-  unfolded windows, summing over the output channels, and the weight gradient, summing over batch and pixels), with a
-  ReLU in between so the backward operands carry fused elementwise work."""
+  """The kernels of padded 3x3 convolutions that reduce a product, with a ReLU after each so the backward operands carry
+  fused elementwise work: a stride-1 conv's forward, its input gradient (a transposed conv of the output gradient) and
+  its weight gradient (summing over batch and pixels); and a stride-2 conv's input gradient, whose unfolded windows
+  (W^T.dY, summing over the output channels) are folded afterwards."""
   def T(*shape: int, grad: bool = False) -> Tensor:
     return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev, requires_grad=grad)
   x, w, g = T(2, 16, 6, 6, grad=True), T(16, 16, 3, 3, grad=True), T(2, 16, 6, 6)
-  y = x.conv2d(w, padding=1)
-  (y.relu() * g).sum().backward()
-  assert x.grad is not None and w.grad is not None
-  items, _ = create_schedule(y.uop, x.grad.uop, w.grad.uop)
+  x2, w2 = T(2, 16, 12, 12, grad=True), T(16, 16, 3, 3)
+  y, y2 = x.conv2d(w, padding=1), x2.conv2d(w2, stride=2, padding=1)
+  ((y.relu() + y2.relu()) * g).sum().backward()
+  assert x.grad is not None and w.grad is not None and x2.grad is not None
   out: dict[str, tuple[UOp, dict[str, int]]] = {}
-  for it in items:
-    if it.kind != "kernel": continue
-    k = Scheduler(it.ast, Device[dev].renderer)
-    if len(k.packable_values()) != 2: continue  # the col2im sum of the input gradient's windows reduces no product
-    shape = [r.src[0].arg for r in k.output_axes]
-    out["forward" if shape == [2, 16, 6, 6] else "weight_grad" if shape == [16, 16, 3, 3] else "input_grad"] = (it.ast, it.var_vals)
-  assert set(out) == {"forward", "input_grad", "weight_grad"}, list(out)
+  for name, roots in (("stride 1", (y.uop, x.grad.uop, w.grad.uop)), ("stride 2", (x2.grad.uop,))):
+    items, _ = create_schedule(*roots)
+    for it in items:
+      if it.kind != "kernel": continue
+      k = Scheduler(it.ast, Device[dev].renderer)
+      if len(k.packable_values()) != 2: continue  # (the fold of the windows' gradient reduces no product)
+      shape = [r.src[0].arg for r in k.output_axes]
+      if name == "stride 2": out["input_grad"] = (it.ast, it.var_vals)
+      # the forward conv is scheduled before the input gradient's, which has the same output shape
+      else: out["weight_grad" if shape == [16, 16, 3, 3] else "transposed_input_grad" if "forward" in out else "forward"] = (it.ast, it.var_vals)
+  assert set(out) == {"forward", "transposed_input_grad", "input_grad", "weight_grad"}, list(out)
   return out
 
 
 CONV_OPTS = {  # the channel tile's actions: lanes along the channel axis, rows along the pixels, the window width unrolled, PACK
   "forward": [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 3, 6), Opt(OptOps.UNROLL, 2, 3), Opt(OptOps.PACK, 1)],
+  "transposed_input_grad": [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 3, 6), Opt(OptOps.UNROLL, 2, 3), Opt(OptOps.PACK, 1)],
   # the window gradient (b, c*k, pixels): window offsets outermost, so channels and offsets merge into one lane axis
   "input_grad": [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 2, 6), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.PACK, 0)],
   "weight_grad": [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 2, 3), Opt(OptOps.UNROLL, 2, 3), Opt(OptOps.PACK, 0)],
@@ -438,7 +444,7 @@ CONV_OPTS = {  # the channel tile's actions: lanes along the channel axis, rows 
 
 
 @pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
-@pytest.mark.parametrize("name", ["forward", "input_grad", "weight_grad"])
+@pytest.mark.parametrize("name", ["forward", "transposed_input_grad", "input_grad", "weight_grad"])
 def test_conv_channel_tile_matches_the_unoptimized_kernel(dev, name):
   ast, var_vals = _conv_kernels(dev)[name]
   renderer = Device[dev].renderer
@@ -456,7 +462,7 @@ def test_conv_channel_tile_matches_the_unoptimized_kernel(dev, name):
   check_same(ast, renderer, tiled + [Opt(OptOps.PACK, next(n for n, v in enumerate(k.packable_values()) if lane in v.toposort))], var_vals)
 
 
-@pytest.mark.parametrize("name", ["forward", "input_grad", "weight_grad"])
+@pytest.mark.parametrize("name", ["forward", "transposed_input_grad", "input_grad", "weight_grad"])
 def test_heuristics_channel_tile_convolutions(name):
   ast, var_vals = _conv_kernels("CPU")[name]
   renderer = Device["CPU"].renderer
@@ -605,12 +611,13 @@ def test_heuristics_pack_the_whole_fused_operand():
 
 
 def _conv_input_grad_fused_kernel(dev: str) -> tuple[UOp, dict[str, int]]:
-  """A convolution's input gradient whose output gradient carries fused elementwise work with a sqrt and a division
-  per element (like BatchNorm's backward): the kernel reduces over the output channels, once per window position."""
+  """A strided convolution's input gradient whose output gradient carries fused elementwise work with a sqrt and a
+  division per element (like BatchNorm's backward): the kernel reduces over the output channels, once per window
+  position (a stride-1 conv's is a transposed conv instead)."""
   def T(*shape: int, grad: bool = False) -> Tensor:
     return Tensor(RNG.standard_normal(shape).astype(np.float32), device=dev, requires_grad=grad)
-  x, w, g, v = T(2, 16, 6, 6, grad=True), T(16, 16, 3, 3), T(2, 16, 6, 6), T(1, 16, 1, 1)
-  y = x.conv2d(w, padding=1)
+  x, w, g, v = T(2, 16, 12, 12, grad=True), T(16, 16, 3, 3), T(2, 16, 6, 6), T(1, 16, 1, 1)
+  y = x.conv2d(w, stride=2, padding=1)
   # no ReLU: its mask would depend on the forward conv, and the scheduler would then end the work in that kernel
   (y * g / (v * v + 1).sqrt()).sum().backward()
   assert x.grad is not None

@@ -278,3 +278,44 @@ def test_buffers_come_from_the_simplified_kernel():
   assert slots == list(range(len(it.bufs))) == [0, 1]
   assert it.bufs[1] is buffer_uop(b.uop) and buffer_uop(a.uop) not in it.bufs + tuple(it.reads_before)
   np.testing.assert_allclose((a.pad((2, 1))[0:2] + b).numpy(), b.numpy())
+
+
+def _written_sizes(*ts: Tensor) -> list[int]:
+  return [it.bufs[0].arg for it in ts[0].schedule(*ts[1:]) if it.kind == "kernel"]  # each kernel's output BUFFER (arg: its size)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_stride_1_conv_input_gradient_is_a_transposed_conv(groups):
+  # op by op, the gradient of the conv's windows (N, C, H, W, 3, 3) summed over the output channels is written to a
+  # buffer 9x the input's, then folded; the conv's derivative rule (tensor/nn_ops.py) reads the output gradient instead
+  x = Tensor(np.random.default_rng(0).standard_normal((2, 4, 7, 6)).astype(np.float32), device=DEV, requires_grad=True)
+  w, g = t(6, 4 // groups, 3, 3, seed=1), t(2, 6, 7, 6, seed=2)
+  (x.conv2d(w, padding=1, groups=groups) * g).sum().backward()
+  assert x.grad is not None and max(_written_sizes(x.grad)) <= x.numel()
+  torch = pytest.importorskip("torch")
+  tx = torch.tensor(x.numpy(), requires_grad=True)
+  (torch.nn.functional.conv2d(tx, torch.tensor(w.numpy()), padding=1, groups=groups) * torch.tensor(g.numpy())).sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_strided_conv_input_gradient_keeps_the_window_fold():
+  # a transposed conv of a stride-2 conv's gradient would multiply the zeros put between its elements
+  x = Tensor(np.random.default_rng(0).standard_normal((2, 4, 8, 8)).astype(np.float32), device=DEV, requires_grad=True)
+  w = t(6, 4, 3, 3, seed=1)
+  x.conv2d(w, stride=2, padding=1).sum().backward()
+  assert x.grad is not None and max(_written_sizes(x.grad)) == 2 * 4 * 4 * 4 * 9
+
+
+def test_an_expensive_operand_broadcast_a_few_times_gets_its_own_kernel():
+  # ~30 ALU ops per element (a BatchNorm backward) read by a reduction 9 times (a depthwise conv's input gradient):
+  # fused, every read redoes them; RECOMPUTE_WORK (broadcast count x ALU ops) realizes it although 9 <= RECOMPUTE_MAX
+  x, y = t(3, 40), t(3, 40, seed=1)
+  e = x
+  for i in range(15): e = (e * y + float(i)).relu()
+  out = (e.reshape(3, 1, 40).expand(3, 9, 40) * t(1, 9, 40, seed=2)).sum(2)
+  assert kernels(out) == 2
+  cheap = ((x * y).reshape(3, 1, 40).expand(3, 9, 40) * t(1, 9, 40, seed=2)).sum(2)
+  assert kernels(cheap) == 1
+  ref = x.numpy()
+  for i in range(15): ref = np.maximum(ref * y.numpy() + i, 0)
+  np.testing.assert_allclose(out.numpy(), (ref[:, None, :] * t(1, 9, 40, seed=2).numpy()).sum(2), rtol=1e-4)
