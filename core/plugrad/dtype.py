@@ -14,6 +14,7 @@ import numpy as np
 
 
 class AddrSpace(enum.Enum):
+  __hash__ = object.__hash__  # members are singletons compared by identity (Enum's __hash__ hashes the name in Python)
   GLOBAL = "global"  # device memory, visible to every thread
   LOCAL = "local"    # workgroup / shared memory
   REG = "reg"        # per-thread registers (accumulators)
