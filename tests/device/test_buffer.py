@@ -130,6 +130,20 @@ def test_views_share_memory_with_their_base():
   assert "view at byte 8" in repr(v)
 
 
+def test_clone_is_a_new_unallocated_buffer_of_the_same_kind():
+  a = HostAllocator()
+  spec = BufferSpec(nolru=True)
+  base = Buffer.from_numpy("HOST", np.arange(8, dtype=np.int32), allocator=a)
+  c = Buffer("HOST", 8, dtypes.int32, spec, allocator=a).clone()
+  assert not c.is_allocated() and (c.device, c.size, c.dtype, c.options, c.allocator) == ("HOST", 8, dtypes.int32, spec, a)
+  c.allocate().copyin(np.full(8, 7, np.int32).data)
+  assert c.numpy().tolist() == [7] * 8 and base.numpy().tolist() == list(range(8)) and a.mem_used == 64
+  v = base.view(4, dtypes.int32, offset=8).clone()  # a view's clone is a base buffer of the view's size
+  assert v.base is v and v.offset == 0 and v.size == 4 and not v.is_allocated()
+  del c
+  assert a.mem_used == 32  # the clone's memory went back with it
+
+
 def test_view_keeps_its_base_alive_and_allocates_it():
   a = HostAllocator()
   v = Buffer("HOST", 16, dtypes.uint8, allocator=a).view(4, dtypes.float32)

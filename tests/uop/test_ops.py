@@ -26,6 +26,9 @@ class TestHashConsing:
     assert UOp(Ops.NOOP, arg=1) is not UOp(Ops.NOOP, arg=True)
     assert UOp(Ops.CONST, dtypes.float32, (), 1) is not UOp(Ops.CONST, dtypes.float32, (), 1.0)
     assert UOp(Ops.NOOP, arg=(1, 2.0)) is UOp(Ops.NOOP, arg=(1, 2.0))
+    # an all-int tuple (a movement op's shape) is its own key: it must stay apart from the tuples that compare equal
+    assert UOp(Ops.NOOP, arg=(1, 2)) is UOp(Ops.NOOP, arg=(1, 2))
+    assert len({UOp(Ops.NOOP, arg=a) for a in ((1, 2), (1, 2.0), (1, True, 2), (1, 1, 2), ((1, 2), 3), ((1, 2.0), 3))}) == 6
     assert UOp.const(dtypes.float32, math.nan) is UOp.const(dtypes.float32, float("nan"))
 
   def test_list_src_is_accepted_as_tuple(self):

@@ -111,6 +111,15 @@ class Buffer:
     opts = f", {self.options}" if self.options is not None else ""
     return f"<Buffer {self.device} {self.dtype!r}[{self.size}] ({self.nbytes} bytes{where}{opts}, {state})>"
 
+  def clone(self) -> Buffer:
+    """A new, unallocated buffer with this one's device, size, dtype and options (of a view: a base buffer of the view's
+    size). It skips the constructor's checks, which this buffer passed."""
+    b = object.__new__(Buffer)
+    b._handle = b._base = b._view_of = None
+    b.size, b.dtype, b.offset, b.options = self.size, self.dtype, 0, self.options
+    b.device, b._dev, b._allocator = self.device, self._dev, self._allocator
+    return b
+
   def view(self, size: int, dtype: DType, offset: int = 0) -> Buffer:
     """`size` elements of `dtype` at byte `offset` of this buffer, sharing its memory (and keeping it alive)."""
     return Buffer(self.device, size, dtype, base=self, offset=offset)

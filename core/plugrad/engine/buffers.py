@@ -23,13 +23,24 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
   """A fresh BUFFER UOp of `size` elements (shape `(size,)`) on `device`; its memory is allocated when first used."""
   if not isinstance(size, int) or size < 0: raise ValueError(f"a buffer needs a size that is an int >= 0, got {size!r}")
   if dtype.count != 1 or dtype is dtypes.void or dtype is dtypes.index: raise TypeError(f"a buffer needs a scalar storage dtype, got {dtype}")
-  dev = UOp(Ops.DEVICE, dtypes.void, (), Device.canonicalize(device))
-  return UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, dtypes.void, (), next(_unique)), dev), size)
+  return _fresh_uop(dtype, UOp(Ops.DEVICE, dtypes.void, (), Device.canonicalize(device)), size)
+
+
+def _fresh_uop(dtype: DType, device: UOp, size: int) -> UOp:
+  return UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, dtypes.void, (), next(_unique)), device), size)
 
 
 def buffer_like(buf: UOp) -> UOp:
   """A fresh BUFFER UOp with the dtype, size and device of BUFFER `buf`."""
-  return UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.UNIQUE, dtypes.void, (), next(_unique)), buf.src[1]), buf.arg)
+  return _fresh_uop(buf.dtype, buf.src[1], buf.arg)
+
+
+def fresh_buffer(proto: Buffer, device: UOp) -> tuple[UOp, Buffer]:
+  """A fresh BUFFER UOp on DEVICE `device` and its allocated Buffer, shaped as the unallocated Buffer `proto`
+  (TinyJit's outputs: one pair per output per replay, so it skips `Buffer`'s argument checks)."""
+  u = _fresh_uop(proto.dtype, device, proto.size)
+  _buffers[u] = buf = proto.clone().allocate()
+  return u, buf
 
 
 def buffer_of(u: UOp) -> Buffer:

@@ -36,7 +36,7 @@ import plugrad.trace as trace
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner, check_graph_class
 from plugrad.device.registry import Device
-from plugrad.engine.buffers import buffer_like, buffer_of
+from plugrad.engine.buffers import buffer_of, fresh_buffer
 from plugrad.engine.memory import MemoryPlan, plan_memory
 from plugrad.engine.multi import multi
 from plugrad.engine.realize import ENGINE_LOCK, ExecItem, capture
@@ -111,11 +111,11 @@ def _resub(u: UOp, mapping: dict[UOp, UOp]) -> UOp:
   return UOp(u.op, u.dtype, (_resub(u.src[0], mapping),), _map_arg(u.arg, lambda a: a.substitute(mapping)))
 
 
-@dataclass(frozen=True)
 class _InputSpec:
-  name: str
-  template: Any  # what must match between calls: a tuple for a plain buffer, else the view with its buffer and binds abstracted
-  uop: UOp
+  """One Tensor input of a call. `template` is what must match between calls: a tuple for a plain buffer, else the
+  view with its buffer and binds abstracted. (A plain class: a frozen dataclass's __init__ was a tenth of a replay.)"""
+  __slots__ = ("name", "template", "uop")
+  def __init__(self, name: str, template: Any, uop: UOp): self.name, self.template, self.uop = name, template, uop
 
   @property
   def shape(self) -> str: return str(tuple(s if isinstance(s, int) else s.render() for s in self.uop.shape or ()))
@@ -250,7 +250,8 @@ class CapturedJit:
   steps: list[Any]
   n_inputs: int
   outputs: list[_Output | _MultiOutput]
-  fresh_outputs: list[UOp]  # the BUFFERs of the computed outputs at capture, in slot order (after the inputs)
+  fresh_outputs: list[tuple[Buffer, UOp]]  # per computed output, in slot order (after the inputs): an unallocated Buffer like its
+                                           # buffer at capture, and its DEVICE
   out_tree: Any
   memory: MemoryPlan
   graphs: int
@@ -277,13 +278,13 @@ class CapturedJit:
     self.check(call)
     var_vals = {**self.var_vals, **call.var_vals} if call.var_vals else self.var_vals
     with ENGINE_LOCK:  # not interleaved with another thread's realize or replay (the runners and allocators are shared)
-      fresh = [buffer_like(b) for b in self.fresh_outputs]
-      slots = [buffer_of(b).ensure_allocated() for _, b in call.inputs] + [buffer_of(b).ensure_allocated() for b in fresh]
+      fresh = [fresh_buffer(proto, dev) for proto, dev in self.fresh_outputs]
+      slots = [buffer_of(b).ensure_allocated() for _, b in call.inputs] + [buf for _, buf in fresh]
       if DEBUG >= 2 or trace.TIMELINE: _timed_steps(self.steps, slots, var_vals)  # graph batches are timed as one launch
       else:
         for step in self.steps: step(slots, var_vals)
       for dev in self.devices: dev.synchronize()
-    slot_uops = [b for _, b in call.inputs] + fresh
+    slot_uops = [b for _, b in call.inputs] + [u for u, _ in fresh]
     outs = iter(self.outputs)
     def rebuild(_: Any) -> Any: return next(outs).rebuild(slot_uops, var_vals)
     return _walk(self.out_tree, rebuild)
@@ -306,8 +307,8 @@ class _Output:
     if self.slot is None: return self.uop
     old, new = self.buffer, slot_uops[self.slot]
     if self.binds: return _resub(self.uop, {old: new, **{b: b.src[0].bind(var_vals[b.src[0].arg[0]]) for b in self.binds}})
-    if self.uop is old: return new
-    return self.uop.replace(src=(new,)) if self.uop.src[0] is old else self.uop.substitute({old: new})
+    if (u := self.uop) is old: return new
+    return UOp(u.op, u.dtype, (new,), u.arg) if u.src[0] is old else u.substitute({old: new})
 
 
 @dataclass
@@ -335,7 +336,7 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
   fresh_uops = {u: ei.bufs[i] for ei in items for i, ref in ei.fresh if (u := ref()) is not None}
   # outputs computed by the call are swapped per replay; views of inputs or of state are returned as they are
   out_slots: dict[Buffer, int] = {}
-  fresh_outputs: list[UOp] = []
+  fresh_outputs: list[tuple[Buffer, UOp]] = []
   in_uops = [b for _, b in call.inputs]
   def output(cls: type, u: UOp) -> _Output:
     b = _base_buffer(u)
@@ -344,7 +345,7 @@ def _capture(name: str, call: _Call, items: list[ExecItem], ret: Any) -> Capture
     if b is None or buf is None: return _Output(cls, u, None, u, ())
     if buf not in out_slots:
       out_slots[buf] = len(in_bufs) + len(out_slots)
-      fresh_outputs.append(b)
+      fresh_outputs.append((Buffer(b.src[1].arg, b.arg, b.dtype), b.src[1]))
     return _Output(cls, u, out_slots[buf], b, tuple(_binds(u)))
   outputs: list[_Output | _MultiOutput] = [_MultiOutput(type(t), [output(type(t), p) for p in t.uop.src], t.uop.arg) if t.uop.op is Ops.MULTI
                                            else output(type(t), t.uop) for t in outs]

@@ -121,7 +121,10 @@ def _arg_key(arg: Any) -> Any:
   # 0.0 == -0.0 and 1 == 1.0 == True would merge distinct args; nan != nan would defeat sharing.
   c = arg.__class__
   if c is float: return ("f", struct.pack("<d", arg)) if arg == 0.0 or arg != arg else ("f", arg)
-  if c is tuple: return tuple(_arg_key(a) for a in arg)
+  if c is tuple:
+    for a in arg:  # movement ops' args are tuples of ints: they are their own key (no new tuple per lookup)
+      if a.__class__ is not int: return tuple(map(_arg_key, arg))
+    return arg
   if c is bool: return ("b", arg)
   return arg
 
