@@ -340,6 +340,29 @@ class ProgramUOp(UOp):
 OP_CLASSES[Ops.PROGRAM] = ProgramUOp
 
 
+def _check_program(root: UOp) -> None:
+  """The spec's "program" stage (uop/spec.py): the sources in LAYOUT's order, each valid at its own stage."""
+  ops = tuple(s.op for s in root.src)
+  if root.op is not Ops.PROGRAM or root.dtype is not dtypes.void or root.arg is not None or not 2 <= len(ops) <= len(LAYOUT) or \
+     ops != LAYOUT[:len(ops)]:
+    raise spec.SpecError("program", root, f"a PROGRAM (dtype void, arg None) needs sources {', '.join(o.name for o in LAYOUT[:2])}"
+                                          f"{''.join('[, ' + o.name for o in LAYOUT[2:])}{']' * (len(LAYOUT) - 2)} in this order")
+  for s in root.src:
+    if s.op is Ops.LINEAR: spec.check("linear", s)
+    elif s.op is Ops.SINK:
+      if not isinstance(s.arg, KernelInfo): raise spec.SpecError("program", s, "the SINK of a PROGRAM needs a KernelInfo arg")
+      spec.check("kernel", s)
+    else:
+      want = {Ops.DEVICE: str, Ops.SOURCE: str, Ops.BINARY: bytes}[s.op]
+      if s.src or s.dtype is not dtypes.void or not isinstance(s.arg, want):
+        raise spec.SpecError("program", s, f"{s.op.name} needs a {want.__name__} arg, no sources and dtype void")
+      if s.op is Ops.DEVICE and not spec.DEVICE_RE.fullmatch(s.arg):
+        raise spec.SpecError("program", s, f"DEVICE arg must be a canonical device string like 'CPU' or 'CUDA:1', got {s.arg!r}")
+
+
+spec.register_stage("program", _check_program)
+
+
 def _check_device(name: Any) -> None:
   if not isinstance(name, str) or not spec.DEVICE_RE.fullmatch(name):
     raise ProgramError(f"a program's device must be a canonical device string like 'CPU' or 'CUDA:1', got {name!r}")

@@ -460,28 +460,14 @@ def _check_linear(root: UOp) -> None:
   if open_blocks: raise SpecError(stage, open_blocks[-1], f"{_name(open_blocks[-1])} #{pos[open_blocks[-1]]} is never closed")
 
 
-def _check_program(root: UOp) -> None:
-  from plugrad.uop.program import LAYOUT  # only program.py knows the positions of PROGRAM's sources
-  stage = "program"
-  ops = tuple(s.op for s in root.src)
-  if root.op is not Ops.PROGRAM or root.dtype is not dtypes.void or root.arg is not None or not 2 <= len(ops) <= len(LAYOUT) or \
-     ops != LAYOUT[:len(ops)]:
-    raise SpecError(stage, root, f"a PROGRAM (dtype void, arg None) needs sources {', '.join(o.name for o in LAYOUT[:2])}"
-                                 f"{''.join('[, ' + o.name for o in LAYOUT[2:])}{']' * (len(LAYOUT) - 2)} in this order")
-  for s in root.src:
-    if s.op is Ops.LINEAR: check("linear", s)
-    elif s.op is Ops.SINK:
-      if not isinstance(s.arg, KernelInfo): raise SpecError(stage, s, "the SINK of a PROGRAM needs a KernelInfo arg")
-      check("kernel", s)
-    else:
-      want = {Ops.DEVICE: str, Ops.SOURCE: str, Ops.BINARY: bytes}[s.op]
-      if s.src or s.dtype is not dtypes.void or not isinstance(s.arg, want):
-        raise SpecError(stage, s, f"{_name(s)} needs a {want.__name__} arg, no sources and dtype void")
-      if s.op is Ops.DEVICE and not DEVICE_RE.fullmatch(s.arg):
-        raise SpecError(stage, s, f"DEVICE arg must be a canonical device string like 'CPU' or 'CUDA:1', got {s.arg!r}")
+# the "program" stage's check is uop/program.py's (only it knows PROGRAM's layout): it registers it on import
+_CHECKERS: dict[str, Callable[[UOp], None]] = {"tensor": _check_tensor, "kernel": _check_kernel, "linear": _check_linear}
 
 
-_CHECKERS: dict[str, Callable[[UOp], None]] = {"tensor": _check_tensor, "kernel": _check_kernel, "linear": _check_linear, "program": _check_program}
+def register_stage(stage: str, fn: Callable[[UOp], None]) -> None:
+  """Make `fn` the check of `stage` (one of STAGES): it raises SpecError on the first violation."""
+  if stage not in STAGES: raise ValueError(f"unknown spec stage {stage!r}; the stages are {STAGES}")
+  _CHECKERS[stage] = fn
 
 
 def check(stage: str, root: UOp) -> None:
