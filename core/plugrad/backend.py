@@ -62,6 +62,7 @@ from plugrad.renderer.base import (
   linear_parts,
   no_signed_wrap,
   use_analysis,
+  workgroup_threads,
 )
 from plugrad.renderer.cstyle import CStyleRenderer, Ptr, c_identifier, float32_repr
 from plugrad.renderer.tensor_cores import (
@@ -92,7 +93,7 @@ __all__ = [
   "Estimates", "ProgramUOp", "new_program", "run_program",
   # rendering
   "CAPABILITIES", "PURE", "Dims3", "Renderer", "CStyleRenderer", "Ptr", "c_identifier", "float32_repr", "define_of", "linear_parts", "use_analysis",
-  "index_parts", "and_gates", "lane_gate",
+  "index_parts", "and_gates", "lane_gate", "workgroup_threads",
   "no_signed_wrap",
   "AMD_MFMA_TENSOR_CORES", "AMD_TENSOR_CORES", "CUDA_TENSOR_CORES", "METAL_TENSOR_CORES", "TensorCore", "find_tensor_core",
   "CPU_AMX_TENSOR_CORES", "CPU_AVX512_TENSOR_CORES",

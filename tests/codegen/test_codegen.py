@@ -109,3 +109,14 @@ def test_upcast_on_a_device_without_workgroups():
   bufs = [Buffer("PYTHON", 96, F32)] + [Buffer.from_numpy("PYTHON", x) for x in (a, b)]
   ProgramRunner(prg)(bufs)
   np.testing.assert_allclose(bufs[0].numpy().reshape(3, 32), a @ b, rtol=1e-5)
+
+
+def test_workgroup_threads_multiplies_the_constant_local_sizes():
+  from plugrad.backend import RendererError, workgroup_threads
+  def special(name: str, size: UOp) -> UOp: return UOp(Ops.SPECIAL, dtypes.int32, (size,), name)
+  c = lambda n: UOp.const(dtypes.int32, n)  # noqa: E731
+  uops = [special("gidx0", c(1000)), special("lidx0", c(16)), special("lidx1", c(4)), special("gidx1", c(7))]
+  assert workgroup_threads(uops, "CUDA") == 64 and workgroup_threads([], "CUDA") == 1  # the global sizes do not count
+  n = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("n", 1, 64))
+  with pytest.raises(RendererError, match="AMD: the workgroup size lidx1 must be a constant"):
+    workgroup_threads([special("lidx0", c(8)), special("lidx1", n)], "AMD")

@@ -167,6 +167,18 @@ def and_gates(a: str | None, b: str | None, conj: Callable[[str, str], str]) -> 
   return b if a is None else a if b is None else conj(a, b)
 
 
+def workgroup_threads(uops: Sequence[UOp], device: str) -> int:
+  """Work-items per workgroup of a linear program: the product of its `lidxN` sizes. For a dialect that declares it in
+  the kernel's signature (CUDA's `__launch_bounds__`, HIP's `amdgpu_flat_work_group_size`), so each size must be a
+  constant; a symbolic one is a RendererError naming `device`."""
+  dims = [1, 1, 1]
+  for u in uops:
+    if u.op is Ops.SPECIAL and u.arg.startswith("l"):
+      if u.src[0].op is not Ops.CONST: raise RendererError(f"{device}: the workgroup size {u.arg} must be a constant")
+      dims[int(u.arg[-1])] = u.src[0].arg
+  return dims[0] * dims[1] * dims[2]
+
+
 def define_of(u: UOp) -> UOp | None:
   """The DEFINE_* a pointer expression starts from, or None."""
   while u.op not in GroupOp.Defines and u.src: u = u.src[0]

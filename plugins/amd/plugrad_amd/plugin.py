@@ -38,7 +38,7 @@ def arch(device: str) -> str:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 200: an available AMD GPU is the default device over the CPU (100)
-  return [DeviceSpec(NAME, api=(2, 5), priority=200, probe=probe,
+  return [DeviceSpec(NAME, api=(2, 6), priority=200, probe=probe,
                      description="HIP kernels compiled by clang + lld to AMDGPU code objects, run through HIP (libamdhip64)")]
 
 

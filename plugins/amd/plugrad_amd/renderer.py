@@ -38,7 +38,7 @@ from plugrad.backend import (
   UOp,
   dtypes,
   find_tensor_core,
-  prod,
+  workgroup_threads,
 )
 from plugrad_amd import hipmath
 from plugrad_amd.targets import ARCHS, Arch
@@ -58,16 +58,6 @@ _MATRIX = {("AMD", dtypes.float16): ("__builtin_amdgcn_wmma_f32_16x16x16_f16_w32
            ("AMD", dtypes.bfloat16): ("__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32", "short", 16, 8, ""),
            ("AMD_MFMA", dtypes.float16): ("__builtin_amdgcn_mfma_f32_16x16x16f16", "_Float16", 4, 4, ", 0, 0, 0"),
            ("AMD_MFMA", dtypes.bfloat16): ("__builtin_amdgcn_mfma_f32_16x16x16bf16_1k", "short", 4, 4, ", 0, 0, 0")}
-
-
-def flat_workgroup_size(uops: Sequence[UOp]) -> int:
-  """Work-items per workgroup: the product of the `lidxN` sizes (constants on AMD)."""
-  dims = [1, 1, 1]
-  for u in uops:
-    if u.op is Ops.SPECIAL and u.arg.startswith("l"):
-      if u.src[0].op is not Ops.CONST: raise RendererError(f"AMD: the workgroup size {u.arg} must be a constant")
-      dims[int(u.arg[-1])] = u.src[0].arg
-  return prod(dims)
 
 
 class HIPRenderer(CStyleRenderer):
@@ -161,7 +151,7 @@ class HIPRenderer(CStyleRenderer):
     return f"__attribute__((shared, aligned(16))) {self.tname(dt)} {name}[{size}];"
 
   def order(self, uops: Sequence[UOp]) -> list[UOp]:
-    self._threads = flat_workgroup_size(uops)
+    self._threads = workgroup_threads(uops, "AMD")
     return list(uops)
 
   def render_kernel(self, name: str, params: Sequence[str], body: Sequence[str], prelude: Sequence[str]) -> str:

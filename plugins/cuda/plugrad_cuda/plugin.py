@@ -37,7 +37,7 @@ def arch(device: str) -> str:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   # priority 200: an available NVIDIA GPU is the default device over the CPU (100)
-  return [DeviceSpec(NAME, api=(2, 5), priority=200, probe=probe, aliases=("NV",),
+  return [DeviceSpec(NAME, api=(2, 6), priority=200, probe=probe, aliases=("NV",),
                      description="CUDA C compiled by NVRTC + nvJitLink (pip wheels) to cubins, run through the CUDA driver API")]
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugrad.backend import CUDA_TENSOR_CORES, CStyleRenderer, DType, Ops, Ptr, RendererError, UOp, dtypes, find_tensor_core, prod
+from plugrad.backend import CUDA_TENSOR_CORES, CStyleRenderer, DType, Ops, Ptr, RendererError, UOp, dtypes, find_tensor_core, workgroup_threads
 
 _XYZW = "xyzw"
 # CUDA's built-in vector types by the memory dtype of their elements (`float4`, `ushort4`, ...: aligned to their size)
@@ -38,16 +38,6 @@ _F16 = f"""\
 {DEVICE_FN}float pg_h2f(unsigned short h) {{ float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }}
 {DEVICE_FN}unsigned short pg_f2h(float f) {{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }}"""
 _D2H = f"{DEVICE_FN}unsigned short pg_d2h(double d) {{ unsigned short h; asm(\"cvt.rn.f16.f64 %0, %1;\" : \"=h\"(h) : \"d\"(d)); return h; }}"
-
-
-def launch_bounds(uops: Sequence[UOp]) -> int:
-  """Threads per block: the product of the `lidxN` sizes (constants on CUDA)."""
-  dims = [1, 1, 1]
-  for u in uops:
-    if u.op is Ops.SPECIAL and u.arg.startswith("l"):
-      if u.src[0].op is not Ops.CONST: raise RendererError(f"CUDA: the block size {u.arg} must be a constant")
-      dims[int(u.arg[-1])] = u.src[0].arg
-  return prod(dims)
 
 
 class CUDARenderer(CStyleRenderer):
@@ -190,7 +180,7 @@ class CUDARenderer(CStyleRenderer):
   def render_local(self, name: str, dt: DType, size: int) -> str: return f"__shared__ __align__(16) {self.tname(dt)} {name}[{size}];"
 
   def order(self, uops: Sequence[UOp]) -> list[UOp]:
-    self._threads = launch_bounds(uops)
+    self._threads = workgroup_threads(uops, "CUDA")
     return list(uops)
 
   def render_kernel(self, name: str, params: Sequence[str], body: Sequence[str], prelude: Sequence[str]) -> str:
