@@ -114,7 +114,7 @@ def test_upcast_on_a_device_without_workgroups():
 def test_workgroup_threads_multiplies_the_constant_local_sizes():
   from plugrad.backend import RendererError, workgroup_threads
   def special(name: str, size: UOp) -> UOp: return UOp(Ops.SPECIAL, dtypes.int32, (size,), name)
-  c = lambda n: UOp.const(dtypes.int32, n)  # noqa: E731
+  c = lambda n: UOp.const(dtypes.int32, n)
   uops = [special("gidx0", c(1000)), special("lidx0", c(16)), special("lidx1", c(4)), special("gidx1", c(7))]
   assert workgroup_threads(uops, "CUDA") == 64 and workgroup_threads([], "CUDA") == 1  # the global sizes do not count
   n = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("n", 1, 64))
