@@ -310,36 +310,60 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
     before = set(trial.ranges_of(AxisType.UPCAST))
     if not _try(trial, Opt(OptOps.UPCAST, ci, w)): continue
     lane = next(r for r in trial.ranges_of(AxisType.UPCAST) if r not in before)
-    left = ROW_LIMIT[w >= 16]
+    left, whole_row = ROW_LIMIT[w >= 16], False
     for n in rows:  # the innermost reuse axis first (stores and input loads run along it), then the next while room is left
       if left < 2: break
-      if (d := _divisor(sz := _const_size(trial.output_axes[n]), left)) > 1 and _try(trial, Opt(OptOps.UPCAST, n, d)): left //= d
+      if (d := _divisor(sz := _const_size(trial.output_axes[n]), left)) > 1 and _try(trial, Opt(OptOps.UPCAST, n, d)):
+        left, whole_row = left // d, whole_row or (n == rows[0] and d == sz)
       elif d == 1 and sz > left:
         # a prime pixel count (17x17, 13 wide) has no divisor for the rows: padded by at most 1/ROW_PAD_MAX instead
         # (17 -> 18 = 2 x 9 rows, 13 -> 14 = 2 x 7); without rows each weight vector fed one FMA (4x384x17x17 1x1 ->
         # 192: 2.4 GFLOPS; 4x256x13x13 3x3 -> 256: 56 GFLOPS, 3x PyTorch's time)
         if _padded_split(trial, OptOps.UPCAST, n, tuple(range(left, 1, -1)), pad_max=ROW_PAD_MAX): left //= trial.applied[-1].amount or 1
-    if (last := _const_size(trial.reduce_axes[-1])):
-      # a prime run up to 8 (a weight gradient's 7 output columns) is unrolled whole rather than not at all: its gated
-      # window loads then fold per copy and neighbours share them (512x512x3x3 at 7x7: 25.7 -> 14.0 ms, 2 threads)
-      amt = last if last <= 4 else _divisor(last, 4)
-      _try(trial, Opt(OptOps.UNROLL, len(trial.reduce_axes) - 1, last if amt == 1 and last <= UNROLL_WHOLE_MAX else amt))
-    if (pk := _reader(trial, lane)) is not None and _pack_fits(trial, pk):
-      _pack_fused_operand(trial, lane)
-      return trial
-    # too big for one copy: TILE the channel loop (the tile loop goes outermost, the threads split the tiles, each
-    # packing its own panel) until one tile's panel fits PACK_BUDGET
-    size = _const_size(trial.output_axes[ci])
-    tiles = sorted((t for t in range(1, size) if size % t == 0), reverse=True)
-    # a long reduction (512 channels x 3x3: one 16-channel panel is 288 KiB) fits no tile: one register tile's panel
-    # then up to twice the budget, as _pack_panel allows; without it the kernel got no actions at all and ran as
-    # scalar loops (ResNet's 512-channel 3x3 convs at 7x7: 0.5-1 GFLOPS)
-    for t, budget in [(t, PACK_BUDGET) for t in tiles] + ([(1 if tiles else 0, 2 * PACK_BUDGET)] if reused else []):  # t=0: no TILE
-      tiled = trial.copy()
-      if (t == 0 or _try(tiled, Opt(OptOps.TILE, ci, t))) and (pk := _reader(tiled, lane)) is not None and _pack_fits(tiled, pk, budget):
-        _pack_fused_operand(tiled, lane)
-        return tiled
+    # two lane vectors where the rows allow it (and the panel still fits), else one
+    two = trial.copy() if whole_row else None
+    for cand in ([two] if two is not None and _second_lane_vector(two, ci, before | {lane}, w) else []) + [trial]:
+      if (done := _pack_channel_tile(cand, ci, lane, reused)) is not None: return done
   return None
+
+
+def _pack_channel_tile(trial: Scheduler, ci: int, lane: UOp, reused: bool) -> Scheduler | None:
+  """The channel tile's last steps: unroll the innermost reduce axis, PACK the lanes' operand into a panel (the channel
+  loop TILEd until one tile's panel fits). None when no panel fits."""
+  if (last := _const_size(trial.reduce_axes[-1])):
+    # a prime run up to 8 (a weight gradient's 7 output columns) is unrolled whole rather than not at all: its gated
+    # window loads then fold per copy and neighbours share them (512x512x3x3 at 7x7: 25.7 -> 14.0 ms, 2 threads)
+    amt = last if last <= 4 else _divisor(last, 4)
+    _try(trial, Opt(OptOps.UNROLL, len(trial.reduce_axes) - 1, last if amt == 1 and last <= UNROLL_WHOLE_MAX else amt))
+  if (pk := _reader(trial, lane)) is not None and _pack_fits(trial, pk):
+    _pack_fused_operand(trial, lane)
+    return trial
+  # too big for one copy: TILE the channel loop (the tile loop goes outermost, the threads split the tiles, each
+  # packing its own panel) until one tile's panel fits PACK_BUDGET
+  size = _const_size(trial.output_axes[ci])
+  tiles = sorted((t for t in range(1, size) if size % t == 0), reverse=True)
+  # a long reduction (512 channels x 3x3: one 16-channel panel is 288 KiB) fits no tile: one register tile's panel
+  # then up to twice the budget, as _pack_panel allows; without it the kernel got no actions at all and ran as
+  # scalar loops (ResNet's 512-channel 3x3 convs at 7x7: 0.5-1 GFLOPS)
+  for t, budget in [(t, PACK_BUDGET) for t in tiles] + ([(1 if tiles else 0, 2 * PACK_BUDGET)] if reused else []):  # t=0: no TILE
+    tiled = trial.copy()
+    if (t == 0 or _try(tiled, Opt(OptOps.TILE, ci, t))) and (pk := _reader(tiled, lane)) is not None and _pack_fits(tiled, pk, budget):
+      _pack_fused_operand(tiled, lane)
+      return tiled
+  return None
+
+
+def _second_lane_vector(k: Scheduler, ci: int, not_rows: set[UOp], w: int) -> bool:
+  """Two vectors along the channel tile's lanes where the rows are a whole output row of few pixels (ROW_LIMIT/2 + 1 at
+  most: a 7x7 map) read at unit stride: neighbouring rows of a window then share their scalar loads, and each
+  broadcast feeds two FMAs. Single-thread kernel times, C: 512 channels 3x3 at 7x7, batch 8, 28.6 -> 21.6 ms. Where
+  the rows are part of a longer row (14x14, 28x28: -4% to +6%) or their operand is strided (the stride-2 convs: 13-70%
+  slower) it is left out."""
+  rows = [r for r in k.ranges_of(AxisType.UPCAST) if r not in not_rows]
+  if not rows or prod(_const_size(r) for r in rows) * 2 > ROW_LIMIT[w >= 16] + 2: return False
+  if not (sz := _const_size(k.output_axes[ci])) or sz % 2: return False
+  loads = [ix for red in k.reduces for ix in _loads_of(red) if rows[-1] in ix.toposort]
+  return bool(loads) and all(_stride(ix, rows[-1]) == 1 for ix in loads) and _try(k, Opt(OptOps.UPCAST, ci, 2))
 
 
 MASKED_ROWS = 8     # output rows a masked row tile computes at once (a 3x3 window's rows then share 2 of every 3 loads)...
