@@ -941,6 +941,26 @@ def test_heuristics_give_a_whole_short_row_a_second_lane_vector(width, stride, s
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
 
 
+@pytest.mark.parametrize("width, stride, budget, hoisted", [(7, 1, None, True), (14, 2, None, True), (7, 1, 0, False)])
+def test_heuristics_hoist_a_small_maps_panel_above_the_batch(monkeypatch, width, stride, budget, hoisted):
+  # at a 7x7 output the channel tile's panel copy is 10-30% of the kernel; packed per image it is paid once per image.
+  # Where every image fits HOIST_BYTES the tile loop goes outermost (TILE before PACK) and one panel serves the batch
+  # (8x512x14x14 3x3/2: 37.3 -> 31.0 ms, one thread); with no budget the image loop stays outermost
+  import plugrad.codegen.opt.heuristic as heuristic
+  from plugrad_cpu.renderer import CPURenderer
+  if budget is not None: monkeypatch.setattr(heuristic, "HOIST_BYTES", budget)
+  renderer = CPURenderer("CPU", vector_width=8)
+  x, wt = RNG.standard_normal((2, 32, width, width)).astype(np.float32), RNG.standard_normal((32, 32, 3, 3)).astype(np.float32)
+  ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), stride=stride, padding=1))
+  applied = list(hand_coded_optimizations(Scheduler(ast, renderer)).applied)
+  tiles = [n for n, o in enumerate(applied) if o.op is OptOps.TILE]
+  pack = next(n for n, o in enumerate(applied) if o.op is OptOps.PACK)
+  assert bool(tiles and tiles[0] < pack and applied[tiles[0]].axis == 1) == hoisted, applied
+  if Device["CPU"].renderer.vector_width == 8: check_same(ast, Device["CPU"].renderer, applied, var_vals)
+  past, pvals = _ast(Tensor(x, device="PYTHON").conv2d(Tensor(wt, device="PYTHON"), stride=stride, padding=1))
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_heuristics_pad_a_1x1_convolutions_pixel_row_to_whole_vectors(batch):
   # a 1x1 convolution at 7x7 (49 pixels, no multiple of a vector) took the channel tile, whose rows broadcast input pixels
