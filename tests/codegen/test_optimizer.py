@@ -13,7 +13,7 @@ from plugrad.codegen.opt import KernelOptError, Opt, OptOps, Scheduler, hand_cod
 from plugrad.device.buffer import Buffer
 from plugrad.device.registry import Device
 from plugrad.device.runner import ProgramRunner
-from plugrad.dtype import dtypes
+from plugrad.dtype import AddrSpace, PtrDType, dtypes
 from plugrad.engine.schedule import create_schedule
 from plugrad.helpers import Context
 from plugrad.tensor.tensor import Tensor
@@ -223,23 +223,36 @@ def test_heuristics_pack_every_matmul_layout(layout):
   assert "parallel loop" in prg.source  # the copy loops do not stop the threads from splitting the tile loop
 
 
-@pytest.mark.parametrize("layout", ["ab", "abt"])
-def test_pack_copies_along_the_source_rows(layout):
-  """The PACK copy's innermost loop is one the source runs along contiguously: B of x @ W.T (rows of W along the
-  reduction) is read a line at a time and scattered into the panel, not gathered one element per row of W."""
+@pytest.mark.parametrize("layout, k, vector", [("ab", 96, True), ("abt", 96, True), ("abt", 2048, False)])
+def test_pack_copies_write_vectors_or_read_along_the_source_rows(layout: str, k: int, vector: bool) -> None:
+  """A PACK copy keeps the panel's lanes innermost, and the expander writes them as whole vectors (B of x @ W: vector
+  loads too; B of x @ W.T with K = 96: one element of each of 16 rows of W, which lie in different L1 sets). Where
+  those rows all fall in one L1 set (K = 2048: 8 KiB apart) the copy's inner loop is instead one the source runs along
+  contiguously: each row of W read a line at a time and scattered into the panel. The results match the unoptimized
+  kernel's."""
   from plugrad.codegen import optimize
   from plugrad.codegen.expand import linear_coefficient
   from plugrad.codegen.opt.kernel import _PACK_ID
+  from plugrad.codegen.passes import lower
+  renderer = Device["CPU"].renderer
+  if renderer.vector_width != 8: pytest.skip("the L1-set rule is stated for 8-lane vectors (16-lane panels)")
   def T(*shape: int) -> Tensor: return Tensor(RNG.standard_normal(shape).astype(np.float32), device="CPU")
-  a, b, bt = T(64, 96), T(96, 128), T(128, 96)
-  ast, _ = _ast(a @ b if layout == "ab" else a @ bt.T)
-  opt = optimize(ast, Device["CPU"].renderer)
-  copies = [u for u in opt.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE and u.src[0].src[0].src[0].op is Ops.DEFINE_REG
-            and u.src[0].src[0].src[0].arg >= _PACK_ID]
-  assert copies, "no PACK copy: the test lost its point"
-  for c in copies:
+  a, b, bt = T(64, k), T(k, 128), T(128, k)
+  ast, var_vals = _ast(a @ b if layout == "ab" else a @ bt.T)
+  def copies(u: UOp) -> list[UOp]:
+    return [e for e in u.toposort if e.op is Ops.END and e.src[0].op is Ops.STORE and e.src[0].src[0].src[0].op is Ops.DEFINE_REG
+            and e.src[0].src[0].src[0].arg >= _PACK_ID]
+  opt = optimize(ast, renderer)
+  assert copies(opt), "no PACK copy: the test lost its point"
+  for c in copies(opt):
     loads = [u.src[0].src[1] for u in c.src[0].src[1].toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
-    assert loads and all(linear_coefficient(ix, c.src[-1]) == 1 for ix in loads), f"{layout}: the copy's inner loop strides the source"
+    if vector: assert linear_coefficient(c.src[0].src[0].src[1], c.src[-1]) == 1, f"{layout}: the copy's inner loop is not the panel's lanes"
+    else: assert loads and all(linear_coefficient(ix, c.src[-1]) == 1 for ix in loads), f"{layout}: the copy's inner loop strides the source"
+  stores = [u for u in lower(opt, renderer) if u.op is Ops.STORE and isinstance(p := u.src[0].dtype, PtrDType) and p.addrspace is AddrSpace.REG
+            and u.src[0].src[0].op is Ops.DEFINE_REG and u.src[0].src[0].arg >= _PACK_ID]
+  assert stores and all((u.src[1].dtype.count > 1) == vector for u in stores), [u.src[1].dtype for u in stores]
+  prg = get_program(ast, renderer)
+  np.testing.assert_allclose(run(prg, var_vals)[0], run(get_program(ast, renderer, opts=[]), var_vals)[0], rtol=2e-4, atol=2e-4)
 
 
 def test_heuristics_pack_a_long_reduction_whose_tile_panel_exceeds_the_budget():
@@ -941,14 +954,19 @@ def test_heuristics_give_a_whole_short_row_a_second_lane_vector(width, stride, s
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
 
 
-@pytest.mark.parametrize("width, stride, budget, hoisted", [(7, 1, None, True), (14, 2, None, True), (7, 1, 0, False)])
-def test_heuristics_hoist_a_small_maps_panel_above_the_batch(monkeypatch, width, stride, budget, hoisted):
+@pytest.mark.parametrize("width, stride, budget, small_copies, hoisted",
+                         [(7, 1, None, True, True), (14, 2, None, True, True), (7, 1, 0, True, False), (7, 1, None, False, False)])
+def test_heuristics_hoist_a_small_maps_panel_above_the_batch(monkeypatch, width, stride, budget, small_copies, hoisted):
   # at a 7x7 output the channel tile's panel copy is 10-30% of the kernel; packed per image it is paid once per image.
   # Where every image fits HOIST_BYTES the tile loop goes outermost (TILE before PACK) and one panel serves the batch
-  # (8x512x14x14 3x3/2: 37.3 -> 31.0 ms, one thread); with no budget the image loop stays outermost
+  # (8x512x14x14 3x3/2: 37.3 -> 31.0 ms, one thread); with no budget the image loop stays outermost, and so it does
+  # where the copy already serves every image (all the weights fit one copy). MAX_PACK_BYTES is lowered to make these
+  # small weights (36 KiB) too large for one copy, as a ResNet's are
   import plugrad.codegen.opt.heuristic as heuristic
+  import plugrad.codegen.opt.kernel as kernel
   from plugrad_cpu.renderer import CPURenderer
   if budget is not None: monkeypatch.setattr(heuristic, "HOIST_BYTES", budget)
+  if small_copies: monkeypatch.setattr(kernel, "MAX_PACK_BYTES", 24 << 10)
   renderer = CPURenderer("CPU", vector_width=8)
   x, wt = RNG.standard_normal((2, 32, width, width)).astype(np.float32), RNG.standard_normal((32, 32, 3, 3)).astype(np.float32)
   ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), stride=stride, padding=1))

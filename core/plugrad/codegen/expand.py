@@ -258,12 +258,35 @@ def _vector_axis(body: UOp, ups: list[UOp], width: int) -> UOp | None:
   return best if vector_loads(best) or stored(best) else None
 
 
+def _vector_copies(ast: UOp, width: int, masked: bool, next_id: int) -> tuple[UOp, int]:
+  """PACK copies whose innermost loop the array is written contiguously along, in whole vectors: that loop becomes
+  vector lanes, one vector store per step, the source one vector load where it is contiguous along it too and else
+  its lanes read one by one (a transposing copy: a convolution's weight panel, B of A.B^T). A scalar copy is bound by
+  its one store per element: 512x3x3 weights into an 8-channel panel took 24.8 us, with vector stores 6.8 us. Returns
+  the new AST and the next free range id."""
+  sub: dict[UOp, UOp] = {}
+  for e in ast.toposort:
+    if e.op is not Ops.END or e in ast.src or len(e.src) < 2 or (st := e.src[0]).op is not Ops.STORE: continue
+    if not isinstance(p := st.src[0].dtype, PtrDType) or p.addrspace is not AddrSpace.REG: continue
+    r = e.src[-1]
+    if r.src[0].op is not Ops.CONST or (n := _size(r)) % width or _contiguous(st.src[0].src[1], r) is None: continue
+    lane = UOp.range(width, next_id, AxisType.UPCAST)
+    outer = UOp.range(n // width, next_id + 1, AxisType.LOOP) if n > width else None
+    next_id += 2
+    body = st.substitute({r: outer * width + lane if outer is not None else lane})
+    vbody = _Vectorizer(lane, width, body, masked=masked).vec(body)
+    loops = (*e.src[1:-1], *((outer,) if outer is not None else ()))
+    sub[e] = UOp(Ops.END, dtypes.void, (vbody, *loops)) if loops else vbody
+  return (ast.substitute(sub) if sub else ast), next_id
+
+
 def expand(ast: UOp, vector_width: int = 1, masked: bool = False) -> UOp:
   """`ast` with its UNROLL and UPCAST ranges expanded (see the module doc); `vector_width` > 1 allows vector lanes;
   `masked` (the renderer's `masked_access`) lets a load or store whose gate differs per lane stay one vector access."""
   ast = expand_unrolls(ast, vector_width, masked)
   new: list[UOp] = []
   marker_id = 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=0)
+  if vector_width > 1: ast, marker_id = _vector_copies(ast, vector_width, masked, marker_id)
   for end in ast.src:
     ups = [r for r in end.src[1:] if r.arg[1] is AxisType.UPCAST] if end.op is Ops.END else []
     if not ups:
