@@ -979,6 +979,27 @@ def test_heuristics_hoist_a_small_maps_panel_above_the_batch(monkeypatch, width,
   check_same(past, Device["PYTHON"].renderer, applied, pvals)
 
 
+@pytest.mark.parametrize("budget, per_row", [(4 << 10, True), (None, False)])
+def test_heuristics_pack_a_strided_input_per_output_row(monkeypatch, budget, per_row):
+  # a stride-2 1x1 convolution's rows broadcast input pixels a channel apart; its subsampled input is packed, but at a
+  # 56x56 input that copy fits no scope in the plain loop order (the channel-tile loop outermost: the whole input).
+  # Then the output rows go outermost (TILE(row, 1)) and each row's copy serves every channel tile (1x256x56x56 ->
+  # 512: 4.7 -> 2.9 ms, one thread). PACK_BUDGET is lowered to put this small input (25 KiB subsampled) in that case
+  import plugrad.codegen.opt.heuristic as heuristic
+  from plugrad_cpu.renderer import CPURenderer
+  if budget is not None: monkeypatch.setattr(heuristic, "PACK_BUDGET", budget)
+  renderer = CPURenderer("CPU", vector_width=8)
+  x, wt = RNG.standard_normal((1, 32, 28, 28)).astype(np.float32), RNG.standard_normal((32, 32, 1, 1)).astype(np.float32)
+  ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU"), stride=2))
+  applied = list(hand_coded_optimizations(Scheduler(ast, renderer)).applied)
+  ops = [o.op for o in applied]
+  assert ops.count(OptOps.PACK) == 2, applied  # the weights' panel and the subsampled input
+  assert (OptOps.TILE in ops and ops.index(OptOps.TILE) < ops.index(OptOps.PACK)) == per_row, applied
+  if Device["CPU"].renderer.vector_width == 8: check_same(ast, Device["CPU"].renderer, applied, var_vals)
+  past, pvals = _ast(Tensor(x, device="PYTHON").conv2d(Tensor(wt, device="PYTHON"), stride=2))
+  check_same(past, Device["PYTHON"].renderer, applied, pvals)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_heuristics_pad_a_1x1_convolutions_pixel_row_to_whole_vectors(batch):
   # a 1x1 convolution at 7x7 (49 pixels, no multiple of a vector) took the channel tile, whose rows broadcast input pixels
