@@ -30,6 +30,9 @@ from plugrad.uop.ops import AxisType, Ops, UOp
 def _const_size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else 0
 
 
+def _ranges(v: UOp) -> set[UOp]: return {u for u in v.toposort if u.op is Ops.RANGE}
+
+
 def _along(idxs: list[UOp], r: UOp) -> bool: return bool(idxs) and all(_contiguous(ix, r) is not None for ix in idxs)
 
 
@@ -63,11 +66,10 @@ def _pack_panel(k: Scheduler, vec_axis: int) -> None:
   vr = outs[vec_axis]
   red_rngs = set(k.reduce_axes) | set(k.ranges_of(AxisType.UNROLL))
   ups = k.ranges_of(AxisType.UPCAST)
-  def deps(ld: UOp) -> set[UOp]: return {u for u in ld.toposort if u.op is Ops.RANGE}
-  cand = [n for n, ld in enumerate(loads) if vr in deps(ld) and deps(ld) & red_rngs]
+  cand = [n for n, ld in enumerate(loads) if vr in _ranges(ld) and _ranges(ld) & red_rngs]
   if len(cand) != 1: return
   ld = loads[cand[0]]
-  d = deps(ld)
+  d = _ranges(ld)
   # reuse: the output loops the panel does not depend on (a matmul's rows), with their register tile
   reuse = prod(_const_size(r) for r in outs if r not in d) * prod(_const_size(r) for r in ups if r not in d)
   if reuse < PACK_MIN_REUSE: return
@@ -90,7 +92,7 @@ def _pack_panel(k: Scheduler, vec_axis: int) -> None:
   vr = k.output_axes[vec_axis + (1 if t < size else 0)]
   vals = k.packable_values()
   for n, v in enumerate(vals):
-    dv = {u for u in v.toposort if u.op is Ops.RANGE}
+    dv = _ranges(v)
     if vr in dv or not dv & red_rngs: continue
     # a part of a larger operand (the bias inside relu(x + b)) is no operand of its own: packing it would leave the
     # elementwise work of the larger one recomputed per tile column
@@ -101,7 +103,7 @@ def _pack_panel(k: Scheduler, vec_axis: int) -> None:
 def _strided_along_reduction(k: Scheduler, v: UOp) -> bool:
   """Whether operand `v` walks memory with a stride along the innermost reduction range it depends on (the UNROLL copies
   when unrolled: the reduce loop outside them steps by the unroll amount even over contiguous memory)."""
-  dv = {u for u in v.toposort if u.op is Ops.RANGE}
+  dv = _ranges(v)
   vidx = [u.src[0].src[1] for u in v.toposort if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
   inner = [r for r in (*k.ranges_of(AxisType.UNROLL), *k.reduce_axes) if r in dv][:1]
   return any((st := _stride(ix, r)) is None or abs(st) > 1 for ix in vidx for r in inner)
@@ -263,7 +265,7 @@ def _pack_fused_operand(k: Scheduler, lane: UOp) -> bool | None:
   vals, wanted = k.packable_values(), None
   red = set(k.reduce_axes) | set(k.ranges_of(AxisType.UNROLL))
   for n, v in enumerate(vals):
-    dv = {u for u in v.toposort if u.op is Ops.RANGE}
+    dv = _ranges(v)
     # arithmetic on floats, not just a gate selecting a load (a padded input: a copy would cost more than the select)
     arith = any(not isinstance(u.dtype, PtrDType) and dtypes.is_float(u.dtype) and u.op not in (Ops.LOAD, Ops.CONST, Ops.WHERE)
                 for u in v.toposort)
@@ -285,7 +287,7 @@ def _pack_operand_per_row(k: Scheduler, lane: UOp, pk: int) -> Scheduler | None:
   pixels a channel apart; with the output rows outermost each row's copy (28 KiB) serves every channel tile, and the
   weights are copied once. One thread, C: 1x256x56x56 -> 512 4.7 -> 2.9 ms, batch 8 43.3 -> 25.9 ms."""
   vals = k.packable_values()
-  panel = {u for u in vals[pk].toposort if u.op is Ops.RANGE}
+  panel = _ranges(vals[pk])
   other = {u for n, v in enumerate(vals) if n != pk for u in v.toposort if u.op is Ops.RANGE}
   for n, r in enumerate(k.output_axes):
     if r not in other or r in panel or _const_size(r) < 2: continue
@@ -307,12 +309,11 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
   (without the panel the lanes would gather)."""
   w = k.renderer.vector_width
   if w <= 1: return None
-  def rngs(v: UOp) -> set[UOp]: return {u for u in v.toposort if u.op is Ops.RANGE}
   red = set(k.reduce_axes)
   # a channel count off the vector width (MobileNetV2's 24-channel projections) is PADTO'd to it, but only when no
   # axis fits unpadded and the output rows reuse the panel: 1x96x56x56 1x1 -> 24 ran as plain loops, 4.6 ms; padded
   # to 32 channels, 0.23 ms (8 lanes unpadded: 0.53; one thread)
-  outs0, vrngs = k.output_axes, [rngs(v) for v in k.packable_values()]  # k is not changed while the candidates are ranked
+  outs0, vrngs = k.output_axes, [_ranges(v) for v in k.packable_values()]  # k is not changed while the candidates are ranked
   def reuse_of(ci: int) -> int:  # how many output positions reuse each packed value (rows of the tile and loops around it)
     mine = [n for n, vr in enumerate(vrngs) if outs0[ci] in vr and vr & red]
     if len(mine) != 1: return 0
@@ -327,10 +328,10 @@ def _channel_tile(k: Scheduler) -> Scheduler | None:
     outs, vals = k.output_axes, k.packable_values()
     c = outs[ci]
     if not (sz := _const_size(c)) or (sz % w != 0) != pad or -sz % w > sz: continue
-    mine = [n for n, v in enumerate(vals) if c in rngs(v) and rngs(v) & red]
-    if len(mine) != 1 or any(c in rngs(v) for n, v in enumerate(vals) if n != mine[0]): continue
-    packed = rngs(vals[mine[0]])
-    reuse = set().union(*(rngs(v) for n, v in enumerate(vals) if n != mine[0])) - packed
+    mine = [n for n, v in enumerate(vals) if c in _ranges(v) and _ranges(v) & red]
+    if len(mine) != 1 or any(c in _ranges(v) for n, v in enumerate(vals) if n != mine[0]): continue
+    packed = _ranges(vals[mine[0]])
+    reuse = set().union(*(_ranges(v) for n, v in enumerate(vals) if n != mine[0])) - packed
     rows = [n for n in reversed(range(len(outs))) if outs[n] in reuse and _const_size(outs[n])]
     reused = prod(_const_size(outs[n]) for n in rows) >= PACK_MIN_REUSE  # what the new paths (padding, 2x budget) need
     trial = k.copy()
@@ -402,7 +403,7 @@ def _hoist_panel(k: Scheduler, ci: int, lane: UOp) -> bool:
   3x3/2 (12.8 MB of input) ran 1.32x slower hoisted."""
   if (pk := _reader(k, lane)) is None: return False
   vals = k.packable_values()
-  deps = {u for u in vals[pk].toposort if u.op is Ops.RANGE}
+  deps = _ranges(vals[pk])
   outs = k.output_axes
   if not any(_const_size(r) > 1 and r not in deps for r in outs[:ci]): return False
   # the tile loop becomes the one the threads split: no fewer iterations than the loops it moves above
