@@ -124,3 +124,14 @@ def test_the_backend_namespace_exports_what_it_documents() -> None:
   missing = [n for n in backend.__all__ if not hasattr(backend, n)]
   assert not missing, f"plugrad.backend.__all__ names missing from the module: {missing}"
   assert len(set(backend.__all__)) == len(backend.__all__), "plugrad.backend.__all__ lists a name twice"
+
+
+def test_a_deprecated_backend_name_still_imports_and_warns() -> None:
+  import plugrad.backend as backend
+  from plugrad import Device
+  assert "Device" not in backend.__all__
+  with pytest.warns(DeprecationWarning, match=r"plugrad\.backend\.Device is deprecated .*import Device from plugrad"):
+    from plugrad.backend import Device as old
+  assert old is Device
+  with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"): backend.NoSuchName  # noqa: B018
+

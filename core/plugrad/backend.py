@@ -23,9 +23,9 @@ What is here, by the job it does:
 * compiling: `Compiler` (with the verified disk cache: `compile_cached`, `load_cached`)
 * memory: `Allocator`, `StagedAllocator` (host copies through pinned staging buffers), `BufferSpec`, `Buffer`
 * running: `Runtime` (loads a PROGRAM's binary into a callable program), `Dims`
-* batching: `GraphRunner`, `GraphKernel`, `GraphError`; for graphs of kernel nodes `GraphPlan`, `GraphLaunch`,
+* batching: `GraphRunner` (with the device's `compiler`), `GraphKernel`, `GraphError`; for graphs of kernel nodes `GraphPlan`, `GraphLaunch`,
   `GraphTopology`, `graph_topology`, and `DriverGraphRunner` (a driver graph built once, patched per replay: CUDA, HIP)
-* helpers a backend reads: `DEBUG`, `getenv`, `prod`, `Device`
+* helpers a backend reads: `DEBUG`, `getenv`, `prod`
 * settings: `getenv` (typed and checked: `choices`, `minimum`, `maximum`), `parse_setting` (the same for a given
   environment mapping), `SettingsError` (a bad value, naming the variable)
 """
@@ -36,7 +36,6 @@ from plugrad.device.buffer import Buffer
 from plugrad.device.compiler import Compiler
 from plugrad.device.custom import new_program, run_program
 from plugrad.device.graph import DriverGraphRunner, GraphError, GraphKernel, GraphLaunch, GraphPlan, GraphRunner, GraphTopology, graph_topology
-from plugrad.device.registry import Device
 from plugrad.device.runtime import Dims, Runtime
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
 from plugrad.errors import (
@@ -102,7 +101,20 @@ __all__ = [
   "GraphKernel", "GraphRunner", "DriverGraphRunner", "GraphPlan", "GraphLaunch", "GraphTopology",
   "graph_topology",
   # helpers
-  "DEBUG", "Device", "getenv", "prod",
+  "DEBUG", "getenv", "prod",
   # settings
   "SettingsError", "parse_setting",
 ]
+
+# Names that left the contract, kept importable until the next major version. `Device` is the user-level registry (a
+# backend that needs it imports `plugrad.Device`, as user code does; a graph runner reads its `compiler`).
+_DEPRECATED = {"Device": ("plugrad.device.registry", "API 2.7: import Device from plugrad (or use GraphRunner.compiler); "
+                          "plugrad.backend.Device goes in 3.0")}
+
+
+def __getattr__(name: str) -> object:
+  if (old := _DEPRECATED.get(name)) is None: raise AttributeError(f"module 'plugrad.backend' has no attribute {name!r}")
+  import importlib
+  import warnings
+  warnings.warn(f"plugrad.backend.{name} is deprecated ({old[1]})", DeprecationWarning, stacklevel=2)
+  return getattr(importlib.import_module(old[0]), name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plugrad import Tensor, TinyJit, Variable, dtypes
+from plugrad import Device, Tensor, TinyJit, Variable, dtypes
 from plugrad.device.buffer import Buffer
 from plugrad.device.graph import GraphError, GraphKernel, GraphRunner
 from plugrad.engine import jit as jit_mod
@@ -260,4 +260,5 @@ def test_graph_runner_base_precomputes_dependencies():
   g = GraphRunner([GraphKernel(ei.runner, tuple(ei.bufs)) for ei in items if ei.runner is not None], slots, [])
   assert g.deps == [frozenset(), frozenset({0}), frozenset({1})]
   assert (0, 1) in g.slot_uses and g.slot_uses[(0, 1)] == 0
+  assert g.compiler is Device[g.device].compiler  # for a runner that compiles code of its own (API 2.7)
   with pytest.raises(NotImplementedError, match="must implement __call__"): g(slots, {})

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugrad.device.buffer import Buffer
+from plugrad.device.compiler import Compiler
 from plugrad.device.runner import ProgramRunner
 from plugrad.errors import DeviceError
 
@@ -80,6 +81,12 @@ class GraphRunner:
       for b in writes: writer[b], readers[b] = j, []
 
   def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}: {len(self.kernels)} kernels>"
+
+  @property
+  def compiler(self) -> Compiler:
+    """The device's compiler, for a runner that builds native code of its own (plugrad-cpu's batch entry point): its
+    disk cache and toolchain are the kernels'."""
+    return self.kernels[0].runner.dev.compiler
 
   def buffers(self, j: int, slots: Sequence[Buffer]) -> list[Buffer]:
     """Kernel j's Buffers for a replay with `slots`."""

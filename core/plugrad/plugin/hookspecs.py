@@ -22,7 +22,7 @@ from plugrad.renderer.base import Renderer
 
 T = TypeVar("T")
 PROJECT_NAME = "plugrad"
-API_VERSION: tuple[int, int] = (2, 6)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md: what each minor added)
+API_VERSION: tuple[int, int] = (2, 7)  # versions exactly the names of plugrad.backend (docs/writing-a-backend.md: what each minor added)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

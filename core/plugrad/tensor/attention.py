@@ -19,7 +19,7 @@ from plugrad.dtype import dtypes
 from plugrad.gradient import Grads, register_kernel_gradient
 from plugrad.helpers import ContextVar, prod
 from plugrad.tensor.custom import launch_program
-from plugrad.tensor.helpers import is_buffer_form
+from plugrad.tensor.helpers import is_buffer_form, tensor_cls
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -82,9 +82,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
   shape = AttentionShape(B, H, L, S, E, Ev, q.dtype, flags, causal, scale)
   prg = attention_program(shape, dev.renderer)
   register_kernel_gradient(prg, _backward_rule(shape, dev.renderer))
-  from plugrad.tensor.tensor import Tensor
-  out = Tensor.empty(B * H, L, Ev, dtype=q.dtype, device=q.device)
-  lse = Tensor.empty(B * H, L, dtype=dtypes.float32, device=q.device)
+  T = tensor_cls()
+  out = T.empty(B * H, L, Ev, dtype=q.dtype, device=q.device)
+  lse = T.empty(B * H, L, dtype=dtypes.float32, device=q.device)
   kt = k.reshape(B * H, S, E).transpose(1, 2).contiguous()
   launch_program(prg, out, lse, q.reshape(B * H, L, E), kt, v.reshape(B * H, S, Ev), *([m] if m is not None else []))
   return out.reshape(*q.shape[:-2], L, Ev)
@@ -95,13 +95,13 @@ def _backward_rule(sh: AttentionShape, renderer: Renderer) -> Callable[[UOp, int
   backward kernels where `_fused_backward` says so, else all by `_plain_grads`; a float mask's gradient always by
   `_plain_grads` (lazy: computed only when the mask requires it)."""
   def rule(kernel: UOp, slot: int, g: UOp) -> Grads:
-    from plugrad.tensor.tensor import Tensor
+    T = tensor_cls()
     if slot != 0: return (None,) * len(kernel.src)  # lse is an internal output: nothing outside uses it
-    _, _, q, kt, v, *masks = (Tensor._wrap(s) for s in kernel.src)
-    do, mask = Tensor._wrap(g), masks[0] if masks else None
+    _, _, q, kt, v, *masks = (T._wrap(s) for s in kernel.src)
+    do, mask = T._wrap(g), masks[0] if masks else None
     if not _fused_backward(sh, renderer): return _plain_grads(sh, q, kt, v, mask, do)
     # the forward's output and log-sum-exp, unless this is the origin of a realized output (their buffers are constants there)
-    outs = [Tensor._wrap(UOp(Ops.AFTER, s.dtype, (s, kernel))) for s in kernel.src[:2]] if all(map(is_buffer_form, kernel.src[:2])) else None
+    outs = [T._wrap(UOp(Ops.AFTER, s.dtype, (s, kernel))) for s in kernel.src[:2]] if all(map(is_buffer_form, kernel.src[:2])) else None
     dmask = _plain_grads(sh, q, kt, v, mask, do)[5:] if mask is not None else ()
     return (None, None, *_fused_grads(sh, renderer, q, kt, v, mask, do, outs), *dmask)
   return rule
@@ -113,21 +113,21 @@ def _fused_grads(sh: AttentionShape, renderer: Renderer, q: Tensor, kt: Tensor, 
   the forward's (output, log-sum-exp) `outs`, D = rowsum(dO∘O) and the base-2 log-sum-exp are given to the dQ kernel;
   without, it computes them in a first pass over the keys."""
   from plugrad.codegen.attention import LOG2E, attention_program
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   BH, L, S, E, Ev, dt = sh.B * sh.H, sh.L, sh.S, sh.E, sh.Ev, sh.dtype
   do = do.cast(dt).reshape(BH, L, Ev)
   k = kt.transpose(1, 2).contiguous()
-  dq = Tensor.empty(BH, L, E, dtype=dt, device=q.device)
+  dq = T.empty(BH, L, E, dtype=dt, device=q.device)
   m = [mask] if mask is not None else []
   kv = (q, kt, k, v.transpose(1, 2).contiguous(), do, *m)
   if outs is not None:
     lse2, dsum = outs[1] * LOG2E, (do.float() * outs[0].float()).sum(-1)
     launch_program(attention_program(sh, renderer, "backward_q_stats"), dq, lse2, dsum, *kv)
   else:
-    lse2, dsum = Tensor.empty(BH, L, device=q.device), Tensor.empty(BH, L, device=q.device)
+    lse2, dsum = T.empty(BH, L, device=q.device), T.empty(BH, L, device=q.device)
     launch_program(attention_program(sh, renderer, "backward_q"), dq, lse2, dsum, *kv)
   if mask is not None and sh.mask_dims[2]: m = [mask.transpose(-1, -2).contiguous()]  # the keys' queries contiguous
-  dk, dv = Tensor.empty(BH, S, E, dtype=dt, device=q.device), Tensor.empty(BH, S, Ev, dtype=dt, device=q.device)
+  dk, dv = T.empty(BH, S, E, dtype=dt, device=q.device), T.empty(BH, S, Ev, dtype=dt, device=q.device)
   launch_program(attention_program(sh, renderer, "backward_kv"), dk, dv, k, q.transpose(1, 2).contiguous(), v, do.transpose(1, 2).contiguous(),
                  q, do, lse2, dsum, *m)
   return dq.uop, dk.transpose(1, 2).uop, dv.uop
@@ -137,11 +137,11 @@ def _plain_grads(sh: AttentionShape, q: Tensor, kt: Tensor, v: Tensor, mask: Ten
   """The launch's gradients by ordinary tensor ops: with P = softmax(q·kᵀ·scale + mask) recomputed once in memory,
   dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(P∘dP)), dQ = dS·K·scale, dKᵀ = (Qᵀ·dS)·scale, dmask = dS summed over its
   broadcast dims (a float mask only)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   do, qf, ktf, vf = do.float(), q.float(), kt.float(), v.float()
   s = (qf @ ktf) * sh.scale
   if mask is not None: s = (s.reshape(sh.B, sh.H, sh.L, sh.S) + mask).reshape(sh.B * sh.H, sh.L, sh.S)
-  if sh.causal: s = Tensor.ones(sh.L, sh.S, dtype=dtypes.bool, device=q.device).tril().where(s, -math.inf)
+  if sh.causal: s = T.ones(sh.L, sh.S, dtype=dtypes.bool, device=q.device).tril().where(s, -math.inf)
   # P and dS once each in memory: fused into the products' operands they would be recomputed per multiply-add
   p = s.softmax(-1).contiguous()
   dv = p.transpose(1, 2) @ do

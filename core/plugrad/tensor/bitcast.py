@@ -40,3 +40,9 @@ def bitcast(self: Tensor, dtype: DTypeLike) -> Tensor:
     lanes = words.reshape(*self.shape[:-1], last // ratio, ratio).cast(wide).lshift(shifts)
     out = lanes.sum(-1, dtype=wide)  # the lanes' bits do not overlap, so the sum is their OR
   return out if dt is out.dtype else out._wrap(out.uop.bitcast(dt))
+
+
+class BitcastMixin:
+  """Mixed into `Tensor`: `bitcast`."""
+
+  bitcast = bitcast

@@ -9,7 +9,7 @@ import numpy as np
 
 from plugrad.dtype import INVERSE_NAMES, DType, DTypeLike, DTypeRangeError, check_fits, dtypes, to_dtype
 from plugrad.helpers import prod
-from plugrad.tensor.helpers import ArgumentError, Devices, DTypeNotImplementedError, argfix, check_shape, const_uop, iota
+from plugrad.tensor.helpers import ArgumentError, Devices, DTypeNotImplementedError, argfix, check_shape, const_uop, iota, tensor_cls
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -258,10 +258,10 @@ def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None
 def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
   """Coordinate grids from 0-d or 1-d tensors: with "ij" output i varies along axis i; "xy" swaps the first two axes.
   The tensors may differ in dtype (each grid keeps its own, as tinygrad; PyTorch requires one dtype)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   if indexing not in ("ij", "xy"): raise ArgumentError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
   for t in args:
-    if not isinstance(t, Tensor): raise TypeError(f"meshgrid takes Tensors, got a {type(t).__name__} ({t!r:.60})")
+    if not isinstance(t, T): raise TypeError(f"meshgrid takes Tensors, got a {type(t).__name__} ({t!r:.60})")
     if t.device != self.device: raise ValueError(f"meshgrid: tensors on different devices ({self.device} and {t.device}); move one with .to()")
   ts = [t.reshape(-1) if t.ndim == 0 else t for t in (self, *args)]
   for t in ts:
@@ -273,3 +273,11 @@ def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor,
     axis = (1 - i if i < 2 else i) if indexing == "xy" and len(ts) >= 2 else i
     out.append(t.reshape(tuple(s if j == axis else 1 for j, s in enumerate(sizes))).expand(tuple(sizes)))
   return tuple(out)
+
+
+class CreationMixin:
+  """Mixed into `Tensor`: the constructors (class methods) and the `*_like` methods."""
+
+  full = classmethod(full); zeros = classmethod(zeros); ones = classmethod(ones); empty = classmethod(empty)
+  arange = classmethod(arange); linspace = classmethod(linspace); eye = classmethod(eye)
+  full_like = full_like; zeros_like = zeros_like; ones_like = ones_like; empty_like = empty_like; meshgrid = meshgrid

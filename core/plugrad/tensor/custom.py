@@ -46,12 +46,12 @@ def launch_program(program: ProgramUOp, *tensors: Any, **var_vals: Any) -> list[
   """`run_program` without the realize: the written tensors (returned) become AFTER(buffer, KERNEL), so the launch runs
   when they (or a result computed from them) are realized, scheduled with the rest of the graph."""
   if not isinstance(program, ProgramUOp): raise TypeError(f"run_program needs a PROGRAM UOp (from new_program), got {type(program).__name__}")
-  p, sig, Tensor = program, program.signature, tensor_cls()
+  p, sig, T = program, program.signature, tensor_cls()
   def fail(why: str) -> ProgramArgumentError: return ProgramArgumentError(f"kernel {p.name!r}: {why}")
   if len(tensors) != len(sig):
     raise fail(f"it takes {len(sig)} buffers ({', '.join(f'{m} {dt}' for dt, m in sig)}), got {len(tensors)} tensors")
   for i, (t, (dt, mode)) in enumerate(zip(tensors, sig)):
-    if not isinstance(t, Tensor): raise fail(f"buffer {i} ({mode}): expected a Tensor, got {type(t).__name__}")
+    if not isinstance(t, T): raise fail(f"buffer {i} ({mode}): expected a Tensor, got {type(t).__name__}")
     if t.dtype is not dt: raise fail(f"buffer {i} ({mode}) holds {dt} elements, got a {t.dtype} tensor")
     if t.device != p.device: raise fail(f"buffer {i} ({mode}): the kernel runs on {p.device}, the tensor is on {t.device}")
   binds = _var_binds(p, var_vals)
@@ -66,3 +66,9 @@ def launch_program(program: ProgramUOp, *tensors: Any, **var_vals: Any) -> list[
   kernel = UOp(Ops.KERNEL, dtypes.void, (*(t.uop for t in tensors), *binds), p)
   for t in outs.values(): t.uop = UOp(Ops.AFTER, t.dtype, (t.uop, kernel))
   return list(outs.values())
+
+
+class CustomMixin:
+  """Mixed into `Tensor`: running kernels written outside plugrad."""
+
+  run_program = staticmethod(run_program)

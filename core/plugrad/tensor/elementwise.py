@@ -726,3 +726,18 @@ def round(self: Tensor) -> Tensor:
   away = (frac > 0.5) | (frac.eq(0.5) & odd)
   return away.where(t + self.sign(), t)
 
+
+class ElementwiseMixin:
+  """Mixed into `Tensor`: the elementwise methods and the comparison operators."""
+
+  add = add; sub = sub; mul = mul; div = div; mod = mod; fmod = fmod; pow = pow
+  neg = neg; abs = abs; sign = sign; copysign = copysign; reciprocal = reciprocal; square = square
+  exp = exp; exp2 = exp2; log = log; log2 = log2; log10 = log10; sqrt = sqrt; rsqrt = rsqrt
+  sin = sin; cos = cos; tan = tan; asin = asin; acos = acos; atan = atan; _sin_device = _sin_device
+  sinh = sinh; cosh = cosh; tanh = tanh; asinh = asinh; acosh = acosh; atanh = atanh; erf = erf
+  floor = floor; ceil = ceil; round = round; trunc = trunc; lerp = lerp
+  maximum = maximum; minimum = minimum; clip = clip; clamp = clip; where = where; masked_fill = masked_fill
+  isnan = isnan; isinf = isinf; isfinite = isfinite; isclose = isclose; logical_not = logical_not
+  bitwise_not = bitwise_not; bitwise_and = bitwise_and; bitwise_or = bitwise_or; bitwise_xor = bitwise_xor
+  lshift = lshift; rshift = rshift; logaddexp = logaddexp; eq = eq; ne = ne
+  __lt__ = lt; __gt__ = gt; __le__ = le; __ge__ = ge

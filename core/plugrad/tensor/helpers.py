@@ -151,3 +151,32 @@ def pow2_scale(m: Tensor) -> Tensor:
   u, mask = _EXPONENT_BITS[m.dtype.itemsize]
   p = (m.bitcast(u) & mask).bitcast(m.dtype)  # the mantissa cleared: 0 for a subnormal, inf for inf and nan
   return ((p > 0) & (p < math.inf)).where(p, 1.0)
+
+
+_MOVEMENT = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP)
+# the views a kernel can store through: each names every element of the buffer at most once (no EXPAND; no PAD, whose
+# padding is no memory)
+WRITABLE_VIEW = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
+
+
+def view_chain(u: UOp) -> list[UOp]:
+  """The movement ops between a view and its base, outermost first."""
+  out: list[UOp] = []
+  while u.op in _MOVEMENT: out, u = [*out, u], u.src[0]
+  return out
+
+
+def view_base(u: UOp) -> UOp:
+  """The node under a view's movement ops."""
+  while u.op in _MOVEMENT: u = u.src[0]
+  return u
+
+
+def is_view_of_buffer(u: UOp) -> bool:
+  base = view_base(u)
+  return base.op is Ops.BUFFER or (base.op is Ops.MULTI and is_buffer_form(base))
+
+
+def is_writable_view(u: UOp) -> bool:
+  """A realized buffer, or a view of one that a kernel can store through (see Tensor.assign)."""
+  return is_view_of_buffer(u) and all(m.op in WRITABLE_VIEW for m in view_chain(u))

@@ -20,7 +20,7 @@ import numpy as np
 
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import all_int, prod
-from plugrad.tensor.helpers import ArgumentError, DTypeError, IndexDTypeError, broadcast_shape, ints
+from plugrad.tensor.helpers import ArgumentError, DTypeError, IndexDTypeError, broadcast_shape, ints, is_writable_view, tensor_cls
 from plugrad.uop.ops import Ops, UOp, sint
 from plugrad.uop.shape import ShapeError, fmt
 from plugrad.uop.windows import window_view
@@ -98,8 +98,8 @@ def broadcast_to(x: Tensor, shape: tuple[int, ...], op: str) -> Tensor:
 
 def one_hot_last(idx: Tensor, n: int) -> Tensor:
   """bool (*idx.shape, n): True where idx == position along the new last axis."""
-  from plugrad.tensor.tensor import Tensor
-  return idx.unsqueeze(-1).eq(Tensor.arange(n, device=idx.device))
+  T = tensor_cls()
+  return idx.unsqueeze(-1).eq(T.arange(n, device=idx.device))
 
 
 def select_sum(mask: Tensor, x: Tensor, axis: int) -> Tensor:
@@ -144,7 +144,7 @@ def _flat(x: Any) -> list[Any]: return [v for e in x for v in _flat(e)] if isins
 class _Parsed:
   """The basic part of an index expression, applied to `x` as views, and the advanced (tensor) part left over."""
   def __init__(self, x: Tensor, indices: Any):
-    from plugrad.tensor.tensor import Tensor
+    T = tensor_cls()
     if not isinstance(indices, tuple): indices = (indices,)
     if sum(i is Ellipsis for i in indices) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
     n_real = sum(i is not None and i is not Ellipsis for i in indices)
@@ -180,9 +180,9 @@ class _Parsed:
         start, stop, step = i.indices(size)
         count = max(0, -(-(stop - start) // step))
         self.boxes.append((start, count, step)); layout.append(dim)
-      elif isinstance(i, (list, tuple, Tensor)):
+      elif isinstance(i, (list, tuple, T)):
         size = ints(x.shape, "advanced indexing")[dim]
-        if isinstance(i, Tensor):
+        if isinstance(i, T):
           _check_index_tensor(i, "indexing")
           t = (i < 0).where(i + size, i)
         else:
@@ -190,7 +190,7 @@ class _Parsed:
           if any(isinstance(v, bool) or not isinstance(v, int) for v in vals): raise IndexError(f"index list {i!r} must hold only ints")
           if (bad := [v for v in vals if not -size <= v < size]):
             raise IndexError(f"index {bad[0]} is out of bounds for dimension {dim} with size {size} (shape {fmt(x.shape)})")
-          t = Tensor([v % size for v in vals] if vals else [], dtype=dtypes.int32, device=x.device).reshape(_nested_shape(i))
+          t = T([v % size for v in vals] if vals else [], dtype=dtypes.int32, device=x.device).reshape(_nested_shape(i))
         self.boxes.append((0, size, 1))
         adv.append((len(layout), t)); layout.append(dim)
       else: raise IndexError(f"indices of type {type(i).__name__} are not supported ({i!r})")
@@ -216,7 +216,7 @@ class _Parsed:
   def unview(self, v: Tensor) -> tuple[Tensor, Tensor]:
     """The inverse placement of `v` (shaped like view()'s result) into the base shape, and the bool mask of the
     positions it covers: drop new axes, restore collapsed dims, un-stride (interleave zeros), un-flip, pad back."""
-    from plugrad.tensor.tensor import Tensor
+    T = tensor_cls()
     box = tuple(c for _, c, _ in self.boxes)
     sts = [abs(st) if c > 1 else 1 for _, c, st in self.boxes]
     extent = [(c - 1) * st + 1 if c else 0 for c, st in zip(box, sts)]
@@ -227,7 +227,7 @@ class _Parsed:
         t = t.reshape(*[c * st for c, st in zip(box, sts)]).shrink(tuple((0, e) for e in extent))
       if any(st < 0 for _, _, st in self.boxes): t = t.flip(tuple(d for d, (_, _, st) in enumerate(self.boxes) if st < 0))
       return t.pad(tuple((lo, size - lo - e) for lo, size, e in zip(los, self.base_shape, extent)))
-    return place(v.reshape(box)), place(Tensor.ones(box, dtype=dtypes.bool, device=v.device, buffer=False))
+    return place(v.reshape(box)), place(T.ones(box, dtype=dtypes.bool, device=v.device, buffer=False))
 
 
 def _symbolic_box(i: Any, size: sint, dim: int, shape: tuple[sint, ...]) -> tuple[sint, sint, int]:
@@ -303,12 +303,12 @@ def _getitem(self: Tensor, indices: Any) -> Tensor:
 
 def _setitem_value(self: Tensor, indices: Any, v: Any) -> Tensor:
   """The whole of `self` with `v` written at `indices` (a functional update: where(mask, placed v, self))."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   parsed = _Parsed(self, indices)
   x = parsed.view(self)
-  if isinstance(v, Tensor): v = v.cast(self.dtype)
-  elif isinstance(v, (bool, int, float)): v = Tensor.full((), v, dtype=self.dtype, device=self.device, buffer=False)  # a constant, no buffer
-  else: v = Tensor(v, dtype=self.dtype, device=self.device)
+  if isinstance(v, T): v = v.cast(self.dtype)
+  elif isinstance(v, (bool, int, float)): v = T.full((), v, dtype=self.dtype, device=self.device, buffer=False)  # a constant, no buffer
+  else: v = T(v, dtype=self.dtype, device=self.device)
   if not parsed.adv:
     placed, mask = parsed.unview(broadcast_to(v, ints(x.shape, "setitem"), "setitem"))
     return mask.where(placed, self)
@@ -329,10 +329,10 @@ def _identity(reduce: str, dt: DType) -> Any:
 
 
 def _triangle(x: Tensor, diagonal: int, lower: bool) -> Tensor:
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   if x.ndim < 2: raise ShapeError(f"{'tril' if lower else 'triu'} needs at least 2 dims, got shape {fmt(x.shape)}")
   r, c = ints(x.shape[-2:], "tril/triu")
-  diff = Tensor.arange(c, device=x.device).unsqueeze(0) - Tensor.arange(r, device=x.device).unsqueeze(1)  # j - i
+  diff = T.arange(c, device=x.device).unsqueeze(0) - T.arange(r, device=x.device).unsqueeze(1)  # j - i
   keep = diff <= diagonal if lower else diff >= diagonal
   return keep.where(x, False if x.dtype == dtypes.bool else 0)
 
@@ -350,18 +350,18 @@ def setitem(self: Tensor, indices: Any, v: Any) -> None:
   With repeated advanced indices the last write wins. Basic indices (ints, slices of step ±1, bound Variables) into a
   realized tensor are written now, in place, by a kernel over the indexed region only (a KV cache's one new row per
   step); with Variable bounds that kernel takes their values, so it serves every position."""
-  from plugrad.tensor.tensor import Tensor, _is_writable_view
+  T = tensor_cls()
   parsed = _Parsed(self, indices)
   symbolic = any(not isinstance(b, int) for box in parsed.boxes for b in box[:2])
-  grad = self.requires_grad or (isinstance(v, Tensor) and v.requires_grad)
-  if parsed.adv or any(abs(st) != 1 for _, _, st in parsed.boxes) or not (symbolic or (_is_writable_view(self.uop) and not grad)):
+  grad = self.requires_grad or (isinstance(v, T) and v.requires_grad)
+  if parsed.adv or any(abs(st) != 1 for _, _, st in parsed.boxes) or not (symbolic or (is_writable_view(self.uop) and not grad)):
     if symbolic: raise IndexError("setitem with Variable bounds takes ints, slices of step 1 and Variables, no tensor or list indices")
     self.assign(_setitem_value(self, indices, v))
     return
-  if not _is_writable_view(self.uop): self.realize()  # a lazy tensor gets its buffer, then the region is written into it
+  if not is_writable_view(self.uop): self.realize()  # a lazy tensor gets its buffer, then the region is written into it
   target = parsed.view(self)
-  if not isinstance(v, Tensor): v = Tensor.full((), v, dtype=self.dtype, device=self.device, buffer=False) if isinstance(v, (bool, int, float)) \
-    else Tensor(v, dtype=self.dtype, device=self.device)
+  if not isinstance(v, T): v = T.full((), v, dtype=self.dtype, device=self.device, buffer=False) if isinstance(v, (bool, int, float)) \
+    else T(v, dtype=self.dtype, device=self.device)
   target.assign(v.cast(self.dtype)).realize()
 
 
@@ -394,9 +394,9 @@ def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float | int | b
             reduce: Literal["multiply", "add"] | None = None) -> Tensor:
   """self with src[i][j] written at [index[i][j]][j] (dim 0); src may be a Python value. `reduce='add'` or
   `'multiply'` combines with the existing value; without it, a position hit twice takes the last write."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   if reduce not in (None, "add", "multiply"): raise ArgumentError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
-  if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device, buffer=False)
+  if not isinstance(src, T): src = T.full(index.shape, src, dtype=self.dtype, device=self.device, buffer=False)
   if reduce is not None: return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
   if src.dtype != self.dtype: raise DTypeError(f"scatter: src dtype {src.dtype} differs from self's {self.dtype}")
   dim, s = _scatter_args(self, dim, index, src, "scatter")
@@ -408,13 +408,13 @@ def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: L
   """self with src reduced into the positions `index` names along `dim`. `include_self=False` leaves self's value
   out of the reduction at the positions written (others keep self). 'max' and 'min' mean 'amax' and 'amin', as in
   PyTorch's forward."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   reduce = {"max": "amax", "min": "amin"}.get(reduce, reduce)  # type: ignore[assignment]
   if reduce not in ("sum", "prod", "mean", "amax", "amin"):
     raise ArgumentError(f"scatter_reduce: reduce must be one of 'sum', 'prod', 'mean', 'amax', 'amin', got {reduce!r}")
   if src.dtype != self.dtype: raise DTypeError(f"scatter_reduce: src dtype {src.dtype} differs from self's {self.dtype}")
   dim, s = _scatter_args(self, dim, index, src, "scatter_reduce")
-  def fill(v: Any, dt: DType, shape: tuple) -> Tensor: return Tensor.full(shape, v, dtype=dt, device=self.device, buffer=False)
+  def fill(v: Any, dt: DType, shape: tuple) -> Tensor: return T.full(shape, v, dtype=dt, device=self.device, buffer=False)
   hit = None if include_self else scatter_axis(fill(False, dtypes.bool, self.shape), index, fill(True, dtypes.bool, index.shape), dim, "set")
   keep = self if hit is None else hit.where(_identity(reduce, self.dtype), self)
   how = {"sum": "add", "mean": "add", "prod": "mul", "amax": "max", "amin": "min"}[reduce]
@@ -429,27 +429,27 @@ def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_valu
   """The elements of self where `mask` (bool, broadcast to self) is True, as a 1-d tensor. Without `size` the length
   is the number of True values (this reads the count back from the device); with `size` the result has exactly
   `size` elements, cut or padded with `fill_value`."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   if mask.dtype != dtypes.bool: raise TypeError(f"masked_select: mask must be bool, got {mask.dtype}")
   out_shape = ints(broadcast_shape(self.shape, mask.shape, op="masked_select"), "masked_select")
   x, m = broadcast_to(self, out_shape, "masked_select").flatten(), broadcast_to(mask, out_shape, "masked_select").flatten()
   if size is None: size = int(m.sum().item()) if m.shape[0] else 0
   if size < 0: raise ValueError(f"masked_select: size must be >= 0, got {size}")
   pos = m.cumsum(dtype=dtypes.int32) - 1  # output position of each selected element
-  sel = m.unsqueeze(0) & pos.unsqueeze(0).eq(Tensor.arange(size, device=self.device).unsqueeze(1))  # (size, n)
+  sel = m.unsqueeze(0) & pos.unsqueeze(0).eq(T.arange(size, device=self.device).unsqueeze(1))  # (size, n)
   out = select_sum(sel, x.unsqueeze(0), 1)
-  return sel.any(1).where(out, Tensor.full((size,), fill_value, dtype=self.dtype, device=self.device, buffer=False)) if size else out
+  return sel.any(1).where(out, T.full((size,), fill_value, dtype=self.dtype, device=self.device, buffer=False)) if size else out
 
 
 def nonzero(self: Tensor, size: int | None = None, fill_value: Any = 0) -> Tensor:
   """The indices of the non-zero elements, shape (count, ndim), int32. Without `size` the count is read back from
   the device; with `size` the result has `size` rows, cut or padded with `fill_value`."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   nz = self.ne(0)
   if self.ndim == 0:
     n = int(nz.item()) if size is None else size
-    return Tensor.zeros((n, 0), dtype=dtypes.int32, device=self.device, buffer=False)
-  coords = Tensor.stack(*[Tensor.arange(s, dtype=dtypes.int32, device=self.device)
+    return T.zeros((n, 0), dtype=dtypes.int32, device=self.device, buffer=False)
+  coords = T.stack(*[T.arange(s, dtype=dtypes.int32, device=self.device)
                           .reshape(*[s if j == i else 1 for j in range(self.ndim)]).expand(self.shape).flatten()
                           for i, s in enumerate(ints(self.shape, "nonzero"))], dim=-1)  # (numel, ndim)
   mask = nz.flatten().unsqueeze(-1).expand(coords.shape)

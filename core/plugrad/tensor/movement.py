@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any
 from plugrad.dtype import dtypes, least_upper_dtype
 from plugrad.helpers import ceildiv, prod
 from plugrad.helpers import flatten as flat_list
-from plugrad.tensor.helpers import ArgumentError, UnsupportedModeError, argfix, broadcast_shape, const_uop, ints, resolve_dim, resolve_dims
+from plugrad.tensor.helpers import (
+  ArgumentError,
+  UnsupportedModeError,
+  argfix,
+  broadcast_shape,
+  const_uop,
+  ints,
+  resolve_dim,
+  resolve_dims,
+  tensor_cls,
+)
 from plugrad.uop.ops import sint
 from plugrad.uop.shape import ShapeError, fmt
 
@@ -182,9 +192,9 @@ def _tensor_list(op: str, self: Any, args: tuple[Any, ...]) -> tuple[Tensor, ...
   elif len(args) == 1 and isinstance(args[0], (list, tuple)): ts = (self, *args[0])
   else: ts = (self, *args)
   if not ts: raise ArgumentError(f"{op} needs a non-empty list of tensors")
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   for i, t in enumerate(ts):
-    if not isinstance(t, Tensor): raise TypeError(f"{op}: expected a Tensor as element {i}, got {type(t).__name__} ({t!r:.60})")
+    if not isinstance(t, T): raise TypeError(f"{op}: expected a Tensor as element {i}, got {type(t).__name__} ({t!r:.60})")
   return ts
 
 
@@ -274,3 +284,12 @@ def roll(self: Tensor, shifts: int | tuple[int, ...], dims: int | tuple[int, ...
 
 def T(self: Tensor) -> Tensor: return self.transpose()
 
+
+class MovementMixin:
+  """Mixed into `Tensor`: the movement (view) methods, joining and splitting."""
+
+  reshape = reshape; view = reshape; permute = permute; transpose = transpose; expand = expand; pad = pad
+  flip = flip; flatten = flatten; unflatten = unflatten; squeeze = squeeze; unsqueeze = unsqueeze
+  cat = cat; stack = stack; split = split; chunk = chunk; repeat = repeat; repeat_interleave = repeat_interleave
+  roll = roll; shrink = shrink; _broadcast_to = broadcast_to
+  T = property(T)

@@ -19,7 +19,7 @@ from plugrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_floa
 from plugrad.gradient import Grads, chain_gradient, register_node_gradient
 from plugrad.helpers import argsort, prod
 from plugrad.tensor.attention import fused_attention
-from plugrad.tensor.helpers import ArgumentError, in_float32, ints, pow2_scale
+from plugrad.tensor.helpers import ArgumentError, in_float32, ints, pow2_scale, tensor_cls
 from plugrad.tensor.indexing import gather_axis, make_tuple, one_hot_last, pad_constant, pad_pairs, pool, resolve_dim
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import ShapeError, fmt
@@ -204,13 +204,13 @@ def _input_gradient_by_transposed_conv(summed: Tensor, x: Tensor, weight: Tensor
   while u is not w_uop:  # the weight's side of the product: movement ops and casts down to the weight
     if len(u.src) != 1: return
     u = u.src[0]
-  Tensor, bs, cout, o_, x_dtype = type(x), x.shape[0], weight.shape[0], summed.shape[3:], x.dtype
+  T, bs, cout, o_, x_dtype = type(x), x.shape[0], weight.shape[0], summed.shape[3:], x.dtype
   def rule(node: UOp, g: UOp) -> Grads:
     mul = node.src[0]
     g_mul = chain_gradient(node, g, mul)
     dw = chain_gradient(mul.src[1], g_mul.alu(Ops.MUL, mul.src[0]), w_uop)
-    dy = Tensor._wrap(g.reshape((bs, cout, *o_)))
-    dx = dy.conv_transpose2d(Tensor._wrap(w_uop), groups=groups, dilation=dilation, padding=padding).cast(x_dtype)
+    dy = T._wrap(g.reshape((bs, cout, *o_)))
+    dx = dy.conv_transpose2d(T._wrap(w_uop), groups=groups, dilation=dilation, padding=padding).cast(x_dtype)
     return (dx.uop, dw)
   register_node_gradient(red, (x.uop, w_uop), rule)
 
@@ -266,12 +266,12 @@ def avg_pool2d(self: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: 
                padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
   """Average over windows of the last len(kernel_size) dims. The divisor counts zero padding when
   `count_include_pad`, never the extra positions ceil_mode adds (as in PyTorch)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   k_, s_, d_, reg, pads = _pool_setup(self, kernel_size, stride, dilation, padding, ceil_mode, "avg_pool2d")
   axes = tuple(range(-len(k_), 0))
   total = pool(pad_constant(self, pads), k_, s_, d_).sum(axes)
   if count_include_pad and pads == list(reg): return total / prod(k_)
-  ones = Tensor.ones(self.shape[-len(k_):], dtype=dtypes.float32, device=self.device, buffer=False)
+  ones = T.ones(self.shape[-len(k_):], dtype=dtypes.float32, device=self.device, buffer=False)
   if count_include_pad:  # the regular padding counts, the ceil_mode extension does not
     ones, pads = pad_constant(ones, reg, 1.0), [(0, a - ra) for (_, a), (_, ra) in zip(pads, reg)]
   count = pool(pad_constant(ones, pads), k_, s_, d_).sum(axes)
@@ -282,7 +282,7 @@ def max_pool2d(self: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: 
                padding: int | Sequence[int] = 0, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
   """Max over windows of the last len(kernel_size) dims; with `return_indices`, also the flat index (int32) of
   the first maximum of each window within the spatial dims (what max_unpool2d takes)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   k_, s_, d_, _, pads = _pool_setup(self, kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
   axes = tuple(range(-len(k_), 0))
   windows = pool(pad_constant(self, pads, dtypes.min(self.dtype)), k_, s_, d_)
@@ -291,7 +291,7 @@ def max_pool2d(self: Tensor, kernel_size: int | Sequence[int] = (2, 2), stride: 
   sp = self.shape[-len(k_):]
   n = prod(sp)
   # n - flat index, so that the largest value marks the first maximum; padding gets 0 (never chosen)
-  rev = pool(pad_constant(Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(sp), pads, 0), k_, s_, d_)
+  rev = pool(pad_constant(T.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(sp), pads, 0), k_, s_, d_)
   hit = windows.eq(out.reshape(*out.shape, *(1,) * len(k_)))
   first = n - hit.where(rev, 0).max(axes)
   if not dtypes.is_float(self.dtype): return out, first.detach()
@@ -345,11 +345,11 @@ def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5)
 
 def dropout(self: Tensor, p: float = 0.5) -> Tensor:
   """In training mode (`Tensor.training`), zero each element with probability p and scale the rest by 1/(1-p)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   if not 0 <= p <= 1: raise ValueError(f"dropout: p must be in [0, 1], got {p}")
   if not type(self).training or p == 0: return self
   if p == 1: return self * 0
-  keep = Tensor.rand(self.shape, device=self.device) >= p
+  keep = T.rand(self.shape, device=self.device) >= p
   return keep.where(self, 0) * (1 / (1 - p))
 
 
@@ -379,7 +379,7 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
     if (out := fused_attention(self, key, value, attn_mask, is_causal, 1 / math.sqrt(E))) is not None: return out
   qk = self.matmul(key.transpose(-2, -1), dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) * (1 / math.sqrt(E))
   if is_causal:
-    from plugrad.tensor.tensor import Tensor
+    Tensor = tensor_cls()
     attn_mask = Tensor.ones(qk.shape[-2:], dtype=dtypes.bool, device=self.device, buffer=False).tril()
   if attn_mask is not None: qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
   return qk.cast(self.dtype).softmax(-1).dropout(dropout_p) @ value
@@ -488,11 +488,11 @@ def _interp_taps(n_in: int, n_out: int, mode: str, align_corners: bool, dt: Any)
 def _tap(x: Tensor, rows: np.ndarray, w: np.ndarray | None, axis: int) -> Tensor:
   """x read at `rows` along `axis` (times the weights w, one per row): a gather, not a product with a 0/1 matrix, so a
   nan or inf reaches only the outputs that read it."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   at = [1] * x.ndim
   at[axis] = len(rows)
-  idx = Tensor(rows.astype(np.int32), device=x.device).reshape(at).expand(*x.shape[:axis], len(rows), *x.shape[axis + 1:])
-  return gather_axis(x, idx, axis) if w is None else gather_axis(x, idx, axis) * Tensor(w, device=x.device).reshape(at)
+  idx = T(rows.astype(np.int32), device=x.device).reshape(at).expand(*x.shape[:axis], len(rows), *x.shape[axis + 1:])
+  return gather_axis(x, idx, axis) if w is None else gather_axis(x, idx, axis) * T(w, device=x.device).reshape(at)
 
 
 def _interp_matrix_u8(n_in: int, n_out: int, align_corners: bool) -> tuple[np.ndarray, int]:
@@ -519,7 +519,7 @@ def interpolate(self: Tensor, size: Sequence[int], mode: str = "linear", align_c
   that read it. uint8 'linear' computes as
   PyTorch does (fixed-point weights, last dim first, each pass rounded), so its images match PyTorch's exactly; other
   integer tensors are interpolated in float32 and truncated back (as tinygrad; PyTorch does not interpolate them)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   if not isinstance(size, (tuple, list)) or not size or len(size) > self.ndim or not all(isinstance(s, int) and s > 0 for s in size):
     raise ValueError(f"interpolate: size must be 1..{self.ndim} positive ints, got {size!r}")
   if mode not in ("linear", "nearest", "nearest-exact"):
@@ -532,7 +532,7 @@ def interpolate(self: Tensor, size: Sequence[int], mode: str = "linear", align_c
     for i, out in reversed(dims):
       if shape[i] == out: continue  # PyTorch skips a dim that keeps its size (its weights are the identity)
       Wq, precision = _interp_matrix_u8(shape[i], out, align_corners)
-      W = Tensor(Wq.astype(np.int32), device=self.device)                                                 # (out, in)
+      W = T(Wq.astype(np.int32), device=self.device)                                                 # (out, in)
       acc = (x.cast(dtypes.int32).transpose(i, -1).unsqueeze(-2) * W).sum(-1, dtype=dtypes.int32).transpose(i, -1)
       x = ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
     return x

@@ -166,3 +166,13 @@ def rand_like(self: Tensor, **kwargs: Any) -> Tensor:
 
 def randn_like(self: Tensor, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
   return type(self).randn(*self.shape, dtype=dtype if dtype is not None else self.dtype, **{"device": self.device, **kwargs})
+
+
+class RandomMixin:
+  """Mixed into `Tensor`: the random constructors (class methods) and the seed."""
+
+  manual_seed = staticmethod(manual_seed)
+  rand = classmethod(rand); randn = classmethod(randn); randint = classmethod(randint); uniform = classmethod(uniform)
+  normal = classmethod(normal); scaled_uniform = classmethod(scaled_uniform); glorot_uniform = classmethod(glorot_uniform)
+  kaiming_uniform = classmethod(kaiming_uniform); kaiming_normal = classmethod(kaiming_normal)
+  rand_like = rand_like; randn_like = randn_like

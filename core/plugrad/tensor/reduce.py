@@ -192,3 +192,11 @@ def dot(self: Tensor, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
 
 def matmul(self: Tensor, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:
   return x.dot(self, dtype=dtype) if reverse else self.dot(x, dtype=dtype)
+
+
+class ReduceMixin:
+  """Mixed into `Tensor`: reductions and the matrix products."""
+
+  sum = sum; prod = prod_; max = max; min = min; mean = mean; var = var; std = std
+  std_mean = std_mean; var_mean = var_mean; argmax = argmax; argmin = argmin; any = any; all = all
+  logsumexp = logsumexp; dot = dot; matmul = matmul

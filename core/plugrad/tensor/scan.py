@@ -16,7 +16,7 @@ import math
 from typing import TYPE_CHECKING, Literal
 
 from plugrad.dtype import DTypeLike, dtypes
-from plugrad.tensor.helpers import ints
+from plugrad.tensor.helpers import ints, tensor_cls
 from plugrad.tensor.indexing import pad_constant, pool, resolve_dim, select_sum
 from plugrad.tensor.reduce import result_dtype
 from plugrad.uop.shape import ShapeError, fmt
@@ -66,16 +66,16 @@ def _scan(x: Tensor, axis: int, op: ScanOp, name: str) -> Tensor:
 
 def _cum_extreme(x: Tensor, axis: int, op: ScanOp, name: str) -> tuple[Tensor, Tensor]:
   """The running max/min and the int32 index of the first element of x[..:i+1] equal to it."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   values = _scan(x, axis, op, name)
   axis = resolve_dim(axis, x.ndim, name)
-  if x.ndim == 0 or x.shape[axis] == 0: return values, Tensor.zeros(x.shape, dtype=dtypes.int32, device=x.device, buffer=False)
+  if x.ndim == 0 or x.shape[axis] == 0: return values, T.zeros(x.shape, dtype=dtypes.int32, device=x.device, buffer=False)
   xt, vt = x.transpose(axis, -1), values.transpose(axis, -1)
   n = ints(xt.shape, "cummax/cummin")[-1]
-  j = Tensor.arange(n, device=x.device)
+  j = T.arange(n, device=x.device)
   upto = j.unsqueeze(0) <= j.unsqueeze(1)                                   # (i, j): j <= i
   hit = upto & _same(xt.unsqueeze(-2), vt.unsqueeze(-1))                   # (..., i, j): a running nan is the first nan
-  first = n - hit.where(Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=x.device), 0).max(-1)
+  first = n - hit.where(T.arange(n, 0, -1, dtype=dtypes.int32, device=x.device), 0).max(-1)
   return values, first.transpose(axis, -1).detach()
 
 
@@ -93,14 +93,14 @@ def _same(a: Tensor, b: Tensor) -> Tensor:
 
 def _sorted(x: Tensor, dim: int, descending: bool, k: int) -> tuple[Tensor, Tensor]:
   """The first k entries of the stable sort of x along dim: values and int32 indices."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   xt = x.transpose(dim, -1)
   n = ints(xt.shape, "sort")[-1]
   a, b = xt.unsqueeze(-1), xt.unsqueeze(-2)                    # (..., i, 1) and (..., 1, j)
-  j = Tensor.arange(n, dtype=dtypes.int32, device=x.device)
+  j = T.arange(n, dtype=dtypes.int32, device=x.device)
   earlier = j.unsqueeze(0) < j.unsqueeze(1)                    # (i, j): j < i
   rank = (_before(b, a, descending) | (earlier & _same(a, b))).sum(-1, dtype=dtypes.int32)  # (..., i): where element i goes
-  place = rank.unsqueeze(-2).eq(Tensor.arange(k, dtype=rank.dtype, device=x.device).unsqueeze(-1))  # (..., r, i)
+  place = rank.unsqueeze(-2).eq(T.arange(k, dtype=rank.dtype, device=x.device).unsqueeze(-1))  # (..., r, i)
   values, indices = select_sum(place, xt.unsqueeze(-2), -1), select_sum(place, j, -1)
   return values.transpose(dim, -1), indices.transpose(dim, -1).detach()
 
@@ -128,7 +128,7 @@ def cummin(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
 
 def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
   """log(cumsum(exp(x))) along `axis`, computed against the running maximum so that nothing overflows."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   axis = resolve_dim(axis, self.ndim, "logcumsumexp")
   if self.ndim == 0 or self.shape[axis] == 0: return self.cast(self.exp().dtype)
   x = self.transpose(axis, -1)
@@ -138,7 +138,7 @@ def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
   # earlier element (its gradient 0·inf = nan; [0, 1000, 0, inf]); an all -inf prefix shifts by 0 (any finite shift is exact)
   m = x.isinf(detect_negative=False).where(-math.inf, x).cummax(-1)[0].detach()
   m = m.isinf().where(0, m)
-  j = Tensor.arange(n, device=self.device)
+  j = T.arange(n, device=self.device)
   upto = j.unsqueeze(0) <= j.unsqueeze(1)  # (i, j): j <= i
   # the terms after i are masked before the exp: exp(x_j - m_i) for j > i may overflow, and inf * 0 in its gradient is nan
   terms = upto.where(x.unsqueeze(-2) - m.unsqueeze(-1), -math.inf).exp()  # (..., i, j)
@@ -147,9 +147,9 @@ def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
 
 def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
   """The values sorted along `dim` and their int32 indices in self; equal values keep their order (stable)."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   dim = resolve_dim(dim, self.ndim, "sort")
-  if self.ndim == 0: return self, Tensor.zeros((), dtype=dtypes.int32, device=self.device, buffer=False)
+  if self.ndim == 0: return self, T.zeros((), dtype=dtypes.int32, device=self.device, buffer=False)
   return _sorted(self, dim, descending, ints(self.shape, "sort")[dim])
 
 
@@ -160,11 +160,11 @@ def argsort(self: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
 
 def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
   """The k largest (or smallest) values along `dim`, in sorted order, and their int32 indices."""
-  from plugrad.tensor.tensor import Tensor
+  T = tensor_cls()
   dim = resolve_dim(dim, self.ndim, "topk")
   n = ints(self.shape, "topk")[dim] if self.ndim else 1
   if not isinstance(k, int) or not 0 <= k <= n: raise ShapeError(f"topk: k={k!r} is out of range for dim {dim} of shape {fmt(self.shape)}")
-  if self.ndim == 0: return self, Tensor.zeros((), dtype=dtypes.int32, device=self.device, buffer=False)
+  if self.ndim == 0: return self, T.zeros((), dtype=dtypes.int32, device=self.device, buffer=False)
   return _sorted(self, dim, largest, k)
 
 

@@ -1,9 +1,10 @@
 """`Tensor`: a lazy n-dimensional array. A Tensor holds one tensor-graph UOp (`.uop`, docs/ir.md stage 1); its methods
 build bigger graphs, and `realize()` (or reading the data) has the engine schedule and run the kernels.
 
-The methods live in small modules by kind (creation, random, elementwise, reduce, movement) as plain functions taking
-the tensor first, and are bound here; the nn, indexing and scan methods come from the mixins. docs/tensor.md describes
-the semantics and where they differ from numpy and PyTorch.
+The op methods live in small modules by kind (creation, random, elementwise, reduce, movement, bitcast, indexing, scan,
+nn, custom kernels), each ending in the mixin that binds them; `Tensor` is composed of those mixins and holds here what
+is the tensor itself. docs/tensor.md describes the layout and the semantics, and where they differ from numpy and
+PyTorch.
 """
 from __future__ import annotations
 
@@ -18,16 +19,26 @@ from plugrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from plugrad.errors import DeviceMismatchError, ShardAxisError, ShardingError
 from plugrad.gradient import is_kernel_output, kernel_output_origin
 from plugrad.helpers import dedup, prod
-from plugrad.tensor import bitcast as bc
-from plugrad.tensor import creation as cr
-from plugrad.tensor import custom as cu
-from plugrad.tensor import elementwise as ew
-from plugrad.tensor import movement as mv
-from plugrad.tensor import random as rnd
-from plugrad.tensor import reduce as rd
-from plugrad.tensor.helpers import Devices, const_uop, device_uop, ints, is_buffer_form
+from plugrad.tensor.bitcast import BitcastMixin
+from plugrad.tensor.creation import MAY_LACK, CreationMixin, canonical_device, require_dtype, uop_from_data
+from plugrad.tensor.custom import CustomMixin
+from plugrad.tensor.elementwise import ElementwiseMixin
+from plugrad.tensor.helpers import (
+  WRITABLE_VIEW,
+  Devices,
+  const_uop,
+  device_uop,
+  ints,
+  is_buffer_form,
+  is_view_of_buffer,
+  view_base,
+  view_chain,
+)
 from plugrad.tensor.indexing import IndexingMixin
+from plugrad.tensor.movement import MovementMixin
 from plugrad.tensor.nn_ops import NNMixin
+from plugrad.tensor.random import RandomMixin
+from plugrad.tensor.reduce import ReduceMixin
 from plugrad.tensor.scan import ScanMixin
 from plugrad.uop.ops import Ops, UOp, sint
 from plugrad.uop.shape import ShapeError, fmt
@@ -72,7 +83,7 @@ def _apply_mapping(mapping: dict[UOp, UOp]) -> None:
       # (a precompiled kernel's output is its buffer written in place: that buffer is the write, not an old value read)
       kernel_out = is_kernel_output(value)
       reads = [r for r in value.src[1].src if r is not value.src[0]] if kernel_out else [value]
-      if any(s in dep for s in srcs) and not any(_base(result) in r.toposort for r in reads):
+      if any(s in dep for s in srcs) and not any(view_base(result) in r.toposort for r in reads):
         # every other realized node replaced by its result: `node` is in no graph under itself, so that is `sub` of
         # the sources when the value is the node
         origin = value.replace(src=tuple(sub(s) for s in value.src)) if value is node else sub(value)
@@ -127,7 +138,8 @@ def _differentiable(root: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, UOp]]:
   return root.substitute(marks), marks, back
 
 
-class Tensor(NNMixin, IndexingMixin, ScanMixin):
+class Tensor(CreationMixin, RandomMixin, ElementwiseMixin, ReduceMixin, MovementMixin, BitcastMixin, IndexingMixin, ScanMixin, NNMixin,
+             CustomMixin):
   """A lazy array on one device. `Tensor(data, device=None, dtype=None, requires_grad=None)` takes a Python scalar, a
   (nested) list or tuple, a numpy array, bytes, or a tensor-graph UOp."""
   uop: UOp
@@ -143,20 +155,20 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
       if data.shape is None: raise TypeError(f"Tensor(UOp) needs a tensor-graph UOp with a shape, got a {data.op.name}")
       uop = data
       if uop.dtype is dtypes.index:  # a bound Variable: an int tensor on a device
-        dev = cr.canonical_device(device)
+        dev = canonical_device(device)
         uop = const_uop(0, dtypes.default_int, dev, ()).alu(Ops.ADD, uop.cast(dtypes.default_int))
-      if device is not None and (dev := cr.canonical_device(device)) != uop.tensor_device: uop = UOp(Ops.COPY, uop.dtype, (uop, device_uop(dev)))
-    else: uop = cr.uop_from_data(data, cr.canonical_device(device), dt)
+      if device is not None and (dev := canonical_device(device)) != uop.tensor_device: uop = UOp(Ops.COPY, uop.dtype, (uop, device_uop(dev)))
+    else: uop = uop_from_data(data, canonical_device(device), dt)
     if dt is not None and uop.dtype is not dt: uop = uop.cast(dt)
-    if uop.dtype in cr.MAY_LACK: cr.require_dtype(uop.tensor_device, uop.dtype)
+    if uop.dtype in MAY_LACK: require_dtype(uop.tensor_device, uop.dtype)
     self.uop, self.requires_grad, self.grad = uop, requires_grad, None
     _track(self)
 
   @classmethod
   def _wrap(cls, uop: UOp) -> Tensor:
     """A Tensor around an existing graph node (the op methods use this). The only check: a dtype the device may lack
-    (`cr.MAY_LACK`) must be one it has, so every op that makes or casts to such a dtype fails where it is written."""
-    if uop.dtype in cr.MAY_LACK: cr.require_dtype(uop.tensor_device, uop.dtype)
+    (`MAY_LACK`) must be one it has, so every op that makes or casts to such a dtype fails where it is written."""
+    if uop.dtype in MAY_LACK: require_dtype(uop.tensor_device, uop.dtype)
     t = object.__new__(cls)
     t.uop, t.requires_grad, t.grad = uop, None, None
     _track(t)
@@ -243,7 +255,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   def to(self, device: Devices | list[str] | None) -> Tensor:
     """This tensor on `device`; a tuple of devices replicates it on each (`shard(devices)`), and a multi-device tensor
     moved to one device is gathered there."""
-    dev = cr.canonical_device(device)
+    dev = canonical_device(device)
     if dev == self.device: return self
     if isinstance(dev, tuple): return self.shard(dev)
     ret = Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop, device_uop(dev))))
@@ -263,7 +275,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     tensor is resharded. Ops on the result run per device, with the copies they need (docs/sharding.md)."""
     from plugrad.device.registry import Device
     from plugrad.engine.multi import layout
-    devs = cr.canonical_device(devices)
+    devs = canonical_device(devices)
     if not isinstance(devs, tuple): raise TypeError(f"shard takes a tuple of devices, got {devices!r} (to move to one device, use .to())")
     for d in devs: Device[d]  # a device that does not exist here (CPU:1 without CPU_DEVICES=2) fails now, not at the first kernel
     if axis is not None:
@@ -292,7 +304,7 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     """A copy in new memory (on `device` when given), with the same requires_grad and a cloned gradient."""
     from plugrad.engine.buffers import new_buffer
     from plugrad.engine.multi import fresh_like
-    dev = cr.canonical_device(device) if device is not None else self.device
+    dev = canonical_device(device) if device is not None else self.device
     src = self.uop if dev == self.device else self.to(dev).uop
     n = prod(ints(self.shape, "clone"))
     # on several devices: new buffers laid out as the value is (a sharded value stays sharded)
@@ -337,11 +349,11 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
       except ShapeError: raise ShapeError(f"assign of shape {fmt(x.shape)} to a tensor of shape {fmt(self.shape)}") from None
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop  # a second assign before a realize replaces the first
     if is_buffer_form(target): self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
-    elif _is_view_of_buffer(target):
+    elif is_view_of_buffer(target):
       # a view that names each element of the buffer at most once (no EXPAND; no PAD, whose padding is no memory): the
       # kernel stores into the region only. Realized now: the base tensor holds only its buffer, so a lazy write would
       # be invisible to it (a stale read of a KV cache); tensors built from the old contents are computed first
-      if (bad := next((u.op for u in _view_chain(target) if u.op not in _WRITABLE_VIEW), None)) is not None:
+      if (bad := next((u.op for u in view_chain(target) if u.op not in WRITABLE_VIEW), None)) is not None:
         raise ValueError(f"assign to a view through {bad.name} of a buffer: only reshape, shrink (slicing), permute and flip views "
                          "can be written in place")
       self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
@@ -395,39 +407,6 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
     if gradient.device != self.device: raise ValueError(f"{what}: the gradient is on {gradient.device}, the tensor on {self.device}")
     return gradient.cast(self.dtype)
 
-  # ---- bound op modules
-  full = classmethod(cr.full); zeros = classmethod(cr.zeros); ones = classmethod(cr.ones); empty = classmethod(cr.empty)
-  arange = classmethod(cr.arange); linspace = classmethod(cr.linspace); eye = classmethod(cr.eye)
-  full_like = cr.full_like; zeros_like = cr.zeros_like; ones_like = cr.ones_like; empty_like = cr.empty_like; meshgrid = cr.meshgrid
-
-  manual_seed = staticmethod(rnd.manual_seed)
-  rand = classmethod(rnd.rand); randn = classmethod(rnd.randn); randint = classmethod(rnd.randint); uniform = classmethod(rnd.uniform)
-  normal = classmethod(rnd.normal); scaled_uniform = classmethod(rnd.scaled_uniform); glorot_uniform = classmethod(rnd.glorot_uniform)
-  kaiming_uniform = classmethod(rnd.kaiming_uniform); kaiming_normal = classmethod(rnd.kaiming_normal)
-  rand_like = rnd.rand_like; randn_like = rnd.randn_like
-
-  add = ew.add; sub = ew.sub; mul = ew.mul; div = ew.div; mod = ew.mod; fmod = ew.fmod; pow = ew.pow
-  neg = ew.neg; abs = ew.abs; sign = ew.sign; copysign = ew.copysign; reciprocal = ew.reciprocal; square = ew.square
-  exp = ew.exp; exp2 = ew.exp2; log = ew.log; log2 = ew.log2; log10 = ew.log10; sqrt = ew.sqrt; rsqrt = ew.rsqrt
-  sin = ew.sin; cos = ew.cos; tan = ew.tan; asin = ew.asin; acos = ew.acos; atan = ew.atan; _sin_device = ew._sin_device
-  sinh = ew.sinh; cosh = ew.cosh; tanh = ew.tanh; asinh = ew.asinh; acosh = ew.acosh; atanh = ew.atanh; erf = ew.erf
-  floor = ew.floor; ceil = ew.ceil; round = ew.round; trunc = ew.trunc; lerp = ew.lerp
-  maximum = ew.maximum; minimum = ew.minimum; clip = ew.clip; clamp = ew.clip; where = ew.where; masked_fill = ew.masked_fill
-  isnan = ew.isnan; isinf = ew.isinf; isfinite = ew.isfinite; isclose = ew.isclose; logical_not = ew.logical_not
-  bitwise_not = ew.bitwise_not; bitwise_and = ew.bitwise_and; bitwise_or = ew.bitwise_or; bitwise_xor = ew.bitwise_xor
-  lshift = ew.lshift; rshift = ew.rshift; logaddexp = ew.logaddexp; eq = ew.eq; ne = ew.ne
-
-  sum = rd.sum; prod = rd.prod_; max = rd.max; min = rd.min; mean = rd.mean; var = rd.var; std = rd.std
-  std_mean = rd.std_mean; var_mean = rd.var_mean; argmax = rd.argmax; argmin = rd.argmin; any = rd.any; all = rd.all
-  logsumexp = rd.logsumexp; dot = rd.dot; matmul = rd.matmul
-
-  reshape = mv.reshape; view = mv.reshape; permute = mv.permute; transpose = mv.transpose; expand = mv.expand; pad = mv.pad
-  flip = mv.flip; flatten = mv.flatten; unflatten = mv.unflatten; squeeze = mv.squeeze; unsqueeze = mv.unsqueeze
-  cat = mv.cat; stack = mv.stack; split = mv.split; chunk = mv.chunk; repeat = mv.repeat; repeat_interleave = mv.repeat_interleave
-  roll = mv.roll; shrink = mv.shrink; _broadcast_to = mv.broadcast_to; bitcast = bc.bitcast
-  run_program = staticmethod(cu.run_program)
-  T = property(mv.T)
-
   # ---- Python operators (reflected forms put the other operand first; in-place forms assign)
   def __neg__(self) -> Tensor: return self.neg()
   def __abs__(self) -> Tensor: return self.abs()
@@ -458,10 +437,6 @@ class Tensor(NNMixin, IndexingMixin, ScanMixin):
   def __rlshift__(self, x: Any) -> Tensor: return self.lshift(x, True)
   def __rshift__(self, x: Any) -> Tensor: return self.rshift(x)
   def __rrshift__(self, x: Any) -> Tensor: return self.rshift(x, True)
-  def __lt__(self, x: Any) -> Tensor: return ew.lt(self, x)
-  def __gt__(self, x: Any) -> Tensor: return ew.gt(self, x)
-  def __le__(self, x: Any) -> Tensor: return ew.le(self, x)
-  def __ge__(self, x: Any) -> Tensor: return ew.ge(self, x)
   def __eq__(self, x: Any) -> Tensor: return self.eq(x)  # type: ignore[override]
   def __ne__(self, x: Any) -> Tensor: return self.ne(x)  # type: ignore[override]
 
@@ -494,7 +469,7 @@ def _old_value_readers(todo: list[UOp]) -> list[UOp]:
   `todo` writes, and not through it: they were built from the old contents, so they must run before the write."""
   assigns = {u for r in todo for u in r.toposort if u.op in (Ops.ASSIGN, Ops.AFTER)}
   if not assigns: return []
-  written = {_base(a.src[0]) for a in assigns}
+  written = {view_base(a.src[0]) for a in assigns}
   wanted = set(todo)
   out = []
   for t in _live_tensors():
@@ -503,26 +478,3 @@ def _old_value_readers(todo: list[UOp]) -> list[UOp]:
     topo = u.toposort
     if any(b in topo for b in written) and not any(a in topo for a in assigns): out.append(u)
   return dedup(out)
-
-
-def _base(u: UOp) -> UOp:
-  while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP): u = u.src[0]
-  return u
-
-
-def _is_view_of_buffer(u: UOp) -> bool: return _base(u).op is Ops.BUFFER or (_base(u).op is Ops.MULTI and is_buffer_form(_base(u)))
-
-
-_WRITABLE_VIEW = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
-
-
-def _is_writable_view(u: UOp) -> bool:
-  """A realized buffer, or a view of one that a kernel can store through (see Tensor.assign)."""
-  return _is_view_of_buffer(u) and all(m.op in _WRITABLE_VIEW for m in _view_chain(u))
-
-
-def _view_chain(u: UOp) -> list[UOp]:
-  """The movement ops between a view and its base, outermost first."""
-  out: list[UOp] = []
-  while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP): out, u = [*out, u], u.src[0]
-  return out

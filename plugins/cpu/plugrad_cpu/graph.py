@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from plugrad.backend import Buffer, Device, GraphError, GraphKernel, GraphRunner
+from plugrad.backend import Buffer, GraphError, GraphKernel, GraphRunner
 from plugrad_cpu import native_pool, tiering
 from plugrad_cpu.abandoned import ABANDONED, settle
 from plugrad_cpu.compiler import CPUCompiler
@@ -80,7 +80,7 @@ class CPUGraph(GraphRunner):
     for j in range(len(progs)):
       barriers.append(bool(self.deps[j] & since))
       since = {j} if barriers[-1] else since | {j}
-    compiler = Device[self.device].compiler
+    compiler = self.compiler
     if not isinstance(compiler, CPUCompiler): compiler = CPUCompiler(toolchain())  # CPU_LLVM=1: the wrapper is C all the same
     def load(binary: bytes) -> tuple[Any, Any]:
       lib = load_shared(binary)
