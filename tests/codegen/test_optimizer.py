@@ -150,7 +150,8 @@ def test_opts_to_apply_in_the_kernel_info():
   (Opt(OptOps.LOCAL, 0, 2), "no workgroups"),
   (Opt(OptOps.GROUP, 0, 4), "no workgroup memory"),
   (Opt(OptOps.NOLOCALS), "no workgroups"),
-  (Opt(OptOps.TC, 0), "no tensor cores"),
+  # a float32 matmul: the CPU has no tensor cores, or (AVX512-BF16 / VNNI) none for float32
+  (Opt(OptOps.TC, 0), r"no tensor cores|no tensor core of CPU takes dtypes\.float32 -> dtypes\.float32"),
   (Opt(OptOps.PADTO, 0, 16), "already a multiple"),
   (Opt(OptOps.SWAP, 0, 0), "itself"),
   (Opt(OptOps.UPCAST, 0, -1), "positive"),
@@ -1007,9 +1008,14 @@ def test_heuristics_pad_a_1x1_convolutions_pixel_row_to_whole_vectors(batch):
   # are now PADTO'd to whole vectors and carry the lanes, with twice the rows of weights (0.60 ms). Checked against the
   # unoptimized kernel on the CPU (LLVM, and C through the C compiler) and on PYTHON
   import ctypes
+
+  from plugrad.codegen.opt.heuristic import ONE_VECTOR_PAD_MAX
   w = max(1, Device["CPU"].renderer.vector_width)
   if w == 1: pytest.skip("no vector lanes")
-  x, wt = RNG.standard_normal((batch, 24, 7, 7)).astype(np.float32), RNG.standard_normal((4 * w, 24, 1, 1)).astype(np.float32)
+  # 49 pixels pad to 56 for 8 lanes; 16 lanes would grow them by more than 1/ONE_VECTOR_PAD_MAX (to 64: the channel tile
+  # runs as fast there), so a 9x9 map (81 -> 96) stands in
+  side = 7 if -49 % w <= 49 // ONE_VECTOR_PAD_MAX else 9
+  x, wt = RNG.standard_normal((batch, 24, side, side)).astype(np.float32), RNG.standard_normal((4 * w, 24, 1, 1)).astype(np.float32)
   ast, var_vals = _ast(Tensor(x, device="CPU").conv2d(Tensor(wt, device="CPU")))
   applied = list(get_program(ast, Device["CPU"].renderer).applied_opts)
   pix = len(Scheduler(ast, Device["CPU"].renderer).output_axes) - 1  # the merged pixels, innermost
@@ -1075,7 +1081,7 @@ def _depthwise_ref(x: np.ndarray, wt: np.ndarray, pad: int) -> np.ndarray:
   return sum(xp[:, :, i:i + h, j:j + wd] * wt[None, :, 0, i, j, None, None] for i in range(k) for j in range(k))
 
 
-@pytest.mark.parametrize("width,ksize", [(16, 3), (7, 3), (14, 3), (20, 5), (56, 7)])
+@pytest.mark.parametrize("width,ksize", [(16, 3), (7, 3), (13, 3), (14, 3), (20, 5), (26, 5), (56, 7)])
 def test_heuristics_masked_row_tile_for_a_depthwise_convolution(width, ksize):
   # a depthwise convolution reuses no operand across output channels, so the channel tile gathered its padded input
   # (lanes 56x56 floats apart: 16 GFLOPS); its lanes now run along the output row, each window position one vector load
@@ -1083,9 +1089,12 @@ def test_heuristics_masked_row_tile_for_a_depthwise_convolution(width, ksize):
   # (7 -> 8, 14 -> 16), rows of accumulators sharing loads and the window unrolled whole (1x144x56x56: ~0.75 -> 0.14 ms).
   # Checked against the unoptimized kernel on the CPU (LLVM, and C through the C compiler) and on PYTHON (no masked access)
   import ctypes
+
+  from plugrad.codegen.opt.heuristic import ONE_VECTOR_PAD_MAX
   rd = Device["CPU"].renderer
   w = max(1, rd.vector_width)
   if w == 1: pytest.skip("no vector lanes")
+  if -width % w > width // ONE_VECTOR_PAD_MAX: pytest.skip(f"{width}-wide rows grow by more than 1/{ONE_VECTOR_PAD_MAX} to whole {w}-lane vectors")
   c, pad = 3, ksize // 2
   x, wt = RNG.standard_normal((2, c, 6, width)).astype(np.float32), RNG.standard_normal((c, 1, ksize, ksize)).astype(np.float32)
   def conv(d: str) -> tuple[UOp, dict[str, int]]: return _ast(Tensor(x, device=d).conv2d(Tensor(wt, device=d), padding=pad, groups=c))

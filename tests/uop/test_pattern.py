@@ -192,3 +192,12 @@ class TestGraphRewrite:
   def test_growth_hits_the_budget(self):
     pm = PatternMatcher([(UPat(Ops.MUL, name="m"), lambda m: (m.src[0] + 0) * (m.src[1].arg + 1))])
     with Context(REWRITE_STEPS=50), pytest.raises(RewriteNotConverging, match="rule"): graph_rewrite(a * 1, pm)
+
+
+def test_a_matchers_repr_is_its_rules_not_its_address():
+  # a renderer's extra_matcher is part of the program store's key, which must be the same in every process
+  def fold(x): return x.src[0]
+  pm = PatternMatcher([(UPat(Ops.NEG, src=(UPat(Ops.NEG, name="y"),), name="x"), fold)])
+  r = repr(pm)
+  assert " at 0x" not in r and r.startswith("PatternMatcher([<rule UPat(Ops.NEG") and "test_pattern.py:" in r, r
+  assert repr(pm + pm).count("<rule ") == 2

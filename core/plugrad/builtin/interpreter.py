@@ -79,6 +79,12 @@ def _shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
   return np.left_shift(a, sh) if left else np.right_shift(a, sh)
 
 
+def _log2(x: np.ndarray) -> np.ndarray:
+  # a negative operand gives the positive quiet NaN, as the renderers write it: numpy's own sign for it follows the SIMD
+  # code it picks for the machine (-nan on AVX-512, +nan on AVX2), and a reference must not depend on the machine
+  return np.where(x < 0, np.array(np.nan, x.dtype), np.log2(x))
+
+
 _COMMON: dict[Ops, Callable[..., np.ndarray]] = {
   Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.NEG: np.negative, Ops.MAX: np.maximum, Ops.MULACC: lambda a, b, c: a * b + c,
 }
@@ -89,7 +95,7 @@ _INT_ALU: dict[Ops, Callable[..., np.ndarray]] = {
   Ops.SHL: lambda a, b: _shift(a, b, True), Ops.SHR: lambda a, b: _shift(a, b, False),
 }
 _FLOAT_ALU: dict[Ops, Callable[..., np.ndarray]] = {
-  **_COMMON, Ops.FDIV: np.divide, Ops.POW: np.power, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt,
+  **_COMMON, Ops.FDIV: np.divide, Ops.POW: np.power, Ops.EXP2: np.exp2, Ops.LOG2: _log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt,
   Ops.RECIPROCAL: lambda x: 1.0 / x, Ops.TRUNC: np.trunc,
 }
 # bool arithmetic as C's (bool)(a op b): + and max are or, * is and, - is xor, -a is !a, a**b is a || !b

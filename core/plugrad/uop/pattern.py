@@ -279,6 +279,8 @@ class PatternMatcher:
 
   def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.patterns + other.patterns, self.compiled)
   def __len__(self) -> int: return len(self.patterns)
+  # by content, not by address: a renderer's `extra_matcher` is part of the program store's key (codegen.store_key)
+  def __repr__(self) -> str: return f"PatternMatcher([{', '.join(map(repr, self.rules))}])"
   def interpreted(self) -> PatternMatcher: return PatternMatcher(self.patterns, compiled=False)
 
   def rewrite(self, uop: UOp, ctx: Any = None) -> UOp | None:

@@ -100,7 +100,7 @@ def _compiles(cc: list[str], flags: tuple[str, ...], src: str, load: bool = Fals
 
 
 _F16 = "_Float16 f(float x, _Float16 y) { return (_Float16)x * y; } float g(_Float16 x) { return (float)x; }\n"
-_BF16 = "__bf16 f(float x) { return (__bf16)x; } float g(__bf16 x) { return (float)x; }\n"
+_BF16 = "__bf16 f(float x) { return (__bf16)x; } __bf16 h(double x) { return (__bf16)x; } float g(__bf16 x) { return (float)x; }\n"
 
 
 @functools.cache
@@ -118,7 +118,8 @@ def _detect(cc: tuple[str, ...], march: str = "native") -> Toolchain:
   macros = frozenset(line.split()[1] for line in dm.stdout.splitlines() if line.startswith("#define "))
   return Toolchain(cc, ver.stdout.strip().splitlines()[0] if ver.stdout.strip() else "unknown", flags, macros,
                    # loaded too: clang 19 compiles __bf16 conversions into calls of compiler-rt's __truncsfbf2, which
-                   # a shared object linked against gcc 12's libgcc cannot resolve
+                   # a shared object linked against gcc 12's libgcc cannot resolve; with AVX512-BF16 float converts in
+                   # one instruction, but double still calls __truncdfbf2
                    _compiles(list(cc), flags, _F16, load=True), _compiles(list(cc), flags, _BF16, load=True))
 
 
