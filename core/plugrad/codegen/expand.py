@@ -308,3 +308,36 @@ def expand(ast: UOp, vector_width: int = 1, masked: bool = False) -> UOp:
     group = parts[0] if len(parts) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(parts))
     new.append(UOp(Ops.END, dtypes.void, (group, *others)) if others else group)
   return ast.replace(src=tuple(new))
+
+
+JOIN_MIN = 4  # lanes a run of neighbouring addresses needs before it is read as one vector load
+
+
+def _joined(vz: UOp) -> UOp | None:
+  """A VECTORIZE of scalar loads whose addresses form r interleaved runs of neighbours (lane i reads run i % r, the next
+  address each time) as r vector loads, their lanes put back in order: a tensor core's operand fragment (vdpbf16ps's
+  16 column pairs are two rows of B, lane by lane) was 32 scalar loads and inserts; it is two loads and one shuffle."""
+  n, lds = vz.dtype.count, vz.src
+  if n >= JOIN_MIN and all(u.op is Ops.CAST and u.dtype is lds[0].dtype for u in lds) and \
+     (inner := _joined(UOp(Ops.VECTORIZE, lds[0].src[0].dtype.vec(n), tuple(u.src[0] for u in lds)))) is not None:
+    return UOp(Ops.CAST, vz.dtype, (inner,))  # a cast fused into the operand (float32 data cast to bfloat16): cast the vectors
+  if n < JOIN_MIN or not all(ld.op is Ops.LOAD and len(ld.src) == 1 and ld.src[0].op is Ops.INDEX and len(ld.src[0].src) == 2 and
+                             ld.dtype.count == 1 for ld in lds): return None
+  buf = lds[0].src[0].src[0]
+  if any(ld.src[0].src[0] is not buf for ld in lds): return None
+  forms = [linear_terms(ld.src[0].src[1]) for ld in lds]
+  if any(f[0] != forms[0][0] for f in forms): return None
+  offs = [f[1] for f in forms]
+  for r in (d for d in range(1, n // JOIN_MIN + 1) if n % d == 0):
+    if all(offs[i + r] == offs[i] + 1 for i in range(n - r)):
+      runs = [UOp(Ops.LOAD, lds[j].dtype.vec(n // r), (lds[j].src[0],)) for j in range(r)]
+      return UOp(Ops.VECTORIZE, vz.dtype, tuple(runs[i % r].gep(i // r) for i in range(n))) if r > 1 else runs[0]
+  return None
+
+
+def join_loads(ast: UOp, vector_width: int) -> UOp:
+  """Every VECTORIZE of scalar loads that `_joined` can read as vector loads, read so (a renderer without vector lanes
+  keeps them: vector_width 1)."""
+  if vector_width <= 1: return ast
+  sub = {u: j for u in ast.toposort if u.op is Ops.VECTORIZE and (j := _joined(u)) is not None}
+  return ast.substitute(sub) if sub else ast
