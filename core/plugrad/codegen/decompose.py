@@ -169,7 +169,29 @@ def _bf16_source(x: UOp) -> UOp | None:
   return _f32_to_bits(s).bitcast(x.dtype) if s.dtype.itemsize != x.dtype.itemsize else None
 
 
+def _bits_of(v: UOp) -> UOp | None:
+  """The uint16 bits `h` of a float32 `v` made by `_bits_to_f32(h)`, else None."""
+  if v.op is not Ops.BITCAST or (sh := v.src[0]).op is not Ops.SHL or (c := sh.src[0]).op is not Ops.CAST: return None
+  k = sh.src[1]
+  sixteen = (k.op is Ops.CONST and k.arg == 16) or (k.op is Ops.VCONST and set(k.arg) == {16}) or \
+    (k.op is Ops.VECTORIZE and all(c.op is Ops.CONST and c.arg == 16 for c in k.src))
+  return c.src[0] if sixteen and c.src[0].dtype.scalar() is _U16 else None
+
+
+def _shuffled_bits(x: UOp) -> UOp | None:
+  """Lanes of bfloat16 loads put in another order (a tensor core's operand joined from row loads: "joined loads")
+  shuffled as their 16-bit bits, then widened once: the instruction takes bits again, so the compiler drops the
+  widening instead of shifting every row twice around the shuffle."""
+  if x.dtype.scalar() is not _F32 or x.dtype.count < 2: return None
+  lanes = []
+  for g in x.src:
+    if g.op is not Ops.GEP or len(g.arg) != 1 or (h := _bits_of(g.src[0])) is None: return None
+    lanes.append(h.gep(g.arg[0]))
+  return _bits_to_f32(UOp(Ops.VECTORIZE, _U16.vec(len(lanes)), tuple(lanes)))
+
+
 _BF16_RULES: list[tuple[UPat, Callable[..., UOp | None]]] = [
+  (UPat(Ops.VECTORIZE, name="x"), _shuffled_bits),
   (UPat((Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_REG), name="x"), _bf16_define),
   (UPat((Ops.INDEX, Ops.CAST, Ops.GEP, Ops.VECTORIZE), name="x"), lambda x: _bf16_pointer(x) if isinstance(x.dtype, PtrDType) else None),
   (UPat(Ops.LOAD, name="x"), _bf16_load),

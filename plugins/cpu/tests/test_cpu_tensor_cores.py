@@ -203,6 +203,8 @@ def test_compiled_for_target_has_the_instruction(march, name, path, monkeypatch)
   if name not in AMX:  # B's fragment (column pairs / quads of rows) is read as whole rows, one vector load each ("joined loads")
     # (bfloat16 is stored as uint16 where the codegen emulates it)
     assert any(u.op is Ops.LOAD and u.dtype.count == 16 and u.dtype.itemsize == 16 * tc.dtype_b.itemsize for u in prg.uops), name
+    if tc.dtype_in is dtypes.bfloat16 and not r.native_bfloat16:  # the rows' lanes shuffled as bits, not widened around the shuffle
+      assert any(u.op is Ops.VECTORIZE and u.dtype == dtypes.uint16.vec(32) for u in prg.uops), name
   asm = _assembly(r, c, prg)
   assert name in asm, f"{name} not in the {path} assembly for {march}"
   if name in AMX: assert "ldtilecfg" in asm and "tilerelease" in asm and "tileloadd" in asm
