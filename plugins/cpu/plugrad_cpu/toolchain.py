@@ -101,6 +101,25 @@ def _compiles(cc: list[str], flags: tuple[str, ...], src: str, load: bool = Fals
 
 _F16 = "_Float16 f(float x, _Float16 y) { return (_Float16)x * y; } float g(_Float16 x) { return (float)x; }\n"
 _BF16 = "__bf16 f(float x) { return (__bf16)x; } __bf16 h(double x) { return (__bf16)x; } float g(__bf16 x) { return (float)x; }\n"
+_BF16_BITS = "unsigned short pg_bits(float x) { __bf16 b = (__bf16)x; unsigned short u; __builtin_memcpy(&u, &b, 2); return u; }\n"
+
+
+def _bf16_rounds_exactly(cc: list[str], flags: tuple[str, ...]) -> bool | None:
+  """Whether the compiler's float -> __bf16 conversion rounds as the reference does (to nearest even, subnormals kept);
+  None where it does not build and load. AVX512-BF16's vcvtneps2bf16 flushes a subnormal to zero (1e-40: 0x0000, the
+  emulation gives 0x0001)."""
+  if not _compiles(cc, flags, _BF16_BITS, load=True): return None
+  with tempfile.TemporaryDirectory(prefix="plugrad-cpu-") as d:
+    so = os.path.join(d, "t.so")
+    subprocess.run([*cc, *flags, "-x", "c", "-", "-o", so], input=_BF16_BITS, capture_output=True, text=True, timeout=120, check=True)
+    fn = ctypes.CDLL(so, mode=os.RTLD_NOW).pg_bits
+    fn.argtypes, fn.restype = [ctypes.c_float], ctypes.c_ushort
+    return bool(fn(1e-40) == 0x0001 and fn(3.0) == 0x4040)
+
+
+def _bf16_exact(cc: list[str], flags: tuple[str, ...]) -> bool:
+  """Native __bf16 for the C path: its conversions build and load, and round as the codegen's emulation does."""
+  return _compiles(cc, flags, _BF16, load=True) and _bf16_rounds_exactly(cc, flags) is True
 
 
 @functools.cache
@@ -117,10 +136,9 @@ def _detect(cc: tuple[str, ...], march: str = "native") -> Toolchain:
                       text=True, timeout=60)
   macros = frozenset(line.split()[1] for line in dm.stdout.splitlines() if line.startswith("#define "))
   return Toolchain(cc, ver.stdout.strip().splitlines()[0] if ver.stdout.strip() else "unknown", flags, macros,
-                   # loaded too: clang 19 compiles __bf16 conversions into calls of compiler-rt's __truncsfbf2, which
-                   # a shared object linked against gcc 12's libgcc cannot resolve; with AVX512-BF16 float converts in
-                   # one instruction, but double still calls __truncdfbf2
-                   _compiles(list(cc), flags, _F16, load=True), _compiles(list(cc), flags, _BF16, load=True))
+                   # loaded too: clang 19 compiles __bf16 conversions into calls of compiler-rt's __truncsfbf2 (and,
+                   # with AVX512-BF16, double's into __truncdfbf2), which gcc 12's libgcc cannot resolve
+                   _compiles(list(cc), flags, _F16, load=True), _bf16_exact(list(cc), flags))
 
 
 def toolchain() -> Toolchain:

@@ -116,3 +116,15 @@ def test_compile_cache_hits_in_a_second_process(tmp_path):
   assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
   (n1, size1), (n2, size2) = first.stdout.split(), second.stdout.split()
   assert (n1, n2) == ("1", "0") and size1 == size2 and int(size1) > 0  # compiled once, then read from the cache
+
+
+def test_native_bfloat16_only_where_it_rounds_as_the_reference():
+  # AVX512-BF16's vcvtneps2bf16 flushes subnormals: there __bf16 stays emulated, so the C path computes what PYTHON does
+  import plugrad_cpu.toolchain as tc
+  from plugrad_cpu.tensor_cores import cpu_features
+  try: t = tc.toolchain()
+  except DeviceUnavailableError as e: pytest.skip(str(e))
+  if (exact := tc._bf16_rounds_exactly(list(t.cc), t.flags)) is None: pytest.skip("this compiler's __bf16 conversions do not link here")
+  flushes = "avx512_bf16" in cpu_features() and "__AVX512BF16__" in t.macros
+  assert exact is not flushes
+  if flushes: assert not t.bfloat16
