@@ -101,25 +101,43 @@ def test_attention_sink_rejects_an_unknown_kind():
 
 def test_joined_loads_read_interleaved_runs_as_vector_loads():
   # a tensor core's operand fragment: lane 2i reads row k at column i, lane 2i+1 row k+1 (vdpbf16ps's column pairs)
-  from plugrad.codegen.expand import join_loads
+  from plugrad.codegen.expand import join_accesses
   from plugrad.uop.ops import AxisType
   buf = UOp(Ops.DEFINE_GLOBAL, dtypes.bfloat16.ptr(4096), (), 1)
   r = UOp.range(UOp.const(dtypes.index, 8), 0, AxisType.LOOP)
   def ld(off: int) -> UOp: return buf.index(r * 512 + off).load()
   pairs = UOp(Ops.VECTORIZE, dtypes.bfloat16.vec(32), tuple(ld(512 * (i % 2) + i // 2) for i in range(32)))
-  out = join_loads(pairs, vector_width=16)
+  out = join_accesses(pairs, vector_width=16)
   runs = sorted({g.src[0] for g in out.src}, key=lambda v: linear_const(v.src[0].src[1]))
   assert out.op is Ops.VECTORIZE and [g.op for g in out.src] == [Ops.GEP] * 32
   assert [(v.op, v.dtype) for v in runs] == [(Ops.LOAD, dtypes.bfloat16.vec(16))] * 2
   assert [(out.src[i].src[0] is runs[i % 2], out.src[i].arg) for i in range(32)] == [(True, (i // 2,)) for i in range(32)]
   # cast lanes are cast vectors; a gather (a transposed read), a short vector and a renderer without lanes stay as they are
   casts = UOp(Ops.VECTORIZE, dtypes.float32.vec(32), tuple(u.cast(dtypes.float32) for u in pairs.src))
-  assert (j := join_loads(casts, 16)).op is Ops.CAST and j.src[0].op is Ops.VECTORIZE and j.src[0].src[0].op is Ops.GEP
+  assert (j := join_accesses(casts, 16)).op is Ops.CAST and j.src[0].op is Ops.VECTORIZE and j.src[0].src[0].op is Ops.GEP
   gather = UOp(Ops.VECTORIZE, dtypes.bfloat16.vec(16), tuple(ld(512 * i) for i in range(16)))
   short = UOp(Ops.VECTORIZE, dtypes.bfloat16.vec(2), (ld(0), ld(1)))
-  assert join_loads(gather, 16) is gather and join_loads(short, 16) is short and join_loads(pairs, 1) is pairs
+  assert join_accesses(gather, 16) is gather and join_accesses(short, 16) is short and join_accesses(pairs, 1) is pairs
 
 
 def linear_const(idx: UOp) -> int:
   from plugrad.codegen.expand import linear_terms
   return linear_terms(idx)[1]
+
+
+def test_joined_stores_write_every_lane_of_a_vector_as_one_store():
+  # a tensor core's accumulator, each lane cast to bfloat16 and stored on its own: one vector store of the cast vector
+  from plugrad.codegen.expand import join_accesses
+  from plugrad.uop.ops import AxisType
+  buf = UOp(Ops.DEFINE_GLOBAL, dtypes.bfloat16.ptr(4096), (), 0)
+  src = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(4096), (), 1)
+  r = UOp.range(UOp.const(dtypes.index, 8), 0, AxisType.LOOP)
+  acc = src.index(r * 64).load(dtype=dtypes.float32.vec(16))
+  def st(i: int, lane: int) -> UOp: return buf.index(r * 64 + 16 + i).store(acc.gep(lane).cast(dtypes.bfloat16))
+  out = join_accesses(UOp(Ops.GROUP, dtypes.void, tuple(st(i, i) for i in range(16))), 16)
+  (one,) = out.src
+  assert one.op is Ops.STORE and one.src[1].op is Ops.CAST and one.src[1].dtype == dtypes.bfloat16.vec(16) and one.src[1].src[0] is acc
+  # lanes out of order, or one lane missing, stay as they are
+  for bad in ([st(i, 15 - i) for i in range(16)], [st(i, i) for i in range(15)]):
+    g = UOp(Ops.GROUP, dtypes.void, tuple(bad))
+    assert join_accesses(g, 16) is g

@@ -179,7 +179,7 @@ def _bits_of(v: UOp) -> UOp | None:
 
 
 def _shuffled_bits(x: UOp) -> UOp | None:
-  """Lanes of bfloat16 loads put in another order (a tensor core's operand joined from row loads: "joined loads")
+  """Lanes of bfloat16 loads put in another order (a tensor core's operand joined from row loads: "joined accesses")
   shuffled as their 16-bit bits, then widened once: the instruction takes bits again, so the compiler drops the
   widening instead of shifting every row twice around the shuffle."""
   if x.dtype.scalar() is not _F32 or x.dtype.count < 2: return None

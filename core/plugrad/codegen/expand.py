@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 
-from plugrad.dtype import AddrSpace, PtrDType, dtypes
+from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
 from plugrad.uop.ops import AxisType, GroupOp, Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import symbolic
@@ -335,9 +335,39 @@ def _joined(vz: UOp) -> UOp | None:
   return None
 
 
-def join_loads(ast: UOp, vector_width: int) -> UOp:
-  """Every VECTORIZE of scalar loads that `_joined` can read as vector loads, read so (a renderer without vector lanes
-  keeps them: vector_width 1)."""
+def _lane_of(val: UOp) -> tuple[UOp, int, DType | None] | None:
+  """(v, i, cast): a stored value that is lane i of vector v, or that lane cast to `cast`, else None."""
+  cast = val.dtype if val.op is Ops.CAST else None
+  g = val.src[0] if cast is not None else val
+  return (g.src[0], g.arg[0], cast) if g.op is Ops.GEP and len(g.arg) == 1 and g.src[0].dtype.count > 1 else None
+
+
+def _joined_stores(group: UOp) -> UOp | None:
+  """A GROUP whose scalar stores write every lane of one vector (or its lanes cast), in order, to neighbouring
+  addresses as one vector store of it: a tensor core's accumulators were stored lane by lane, each lane's bfloat16
+  rounding a scalar branch."""
+  runs: dict[tuple[UOp, frozenset[tuple[UOp, int]], UOp, DType | None], dict[int, tuple[int, UOp]]] = {}
+  for st in group.src:
+    if st.op is not Ops.STORE or st.arg is not None or len(st.src) != 2 or (ix := st.src[0]).op is not Ops.INDEX or len(ix.src) != 2: continue
+    if st.src[1].dtype.count != 1 or (lane := _lane_of(st.src[1])) is None: continue
+    terms, off = linear_terms(ix.src[1])
+    runs.setdefault((ix.src[0], frozenset(terms.items()), lane[0], lane[2]), {})[lane[1]] = (off, st)
+  done: dict[UOp, UOp | None] = {}
+  for (_, _, v, cast), lanes in runs.items():
+    n = v.dtype.count
+    if n < JOIN_MIN or sorted(lanes) != list(range(n)) or any(lanes[i][0] != lanes[0][0] + i for i in range(n)): continue
+    first = lanes[0][1]
+    done[first] = UOp(Ops.STORE, dtypes.void, (first.src[0], UOp(Ops.CAST, cast.vec(n), (v,)) if cast is not None else v))
+    done.update({lanes[i][1]: None for i in range(1, n)})
+  if not done: return None
+  return group.replace(src=tuple(done.get(s, s) for s in group.src if done.get(s, s) is not None))
+
+
+def join_accesses(ast: UOp, vector_width: int) -> UOp:
+  """Every VECTORIZE of scalar loads that `_joined` can read as vector loads, read so, and every GROUP of stores that
+  `_joined_stores` can write as vector stores, written so (a renderer without vector lanes keeps them: vector_width 1)."""
   if vector_width <= 1: return ast
-  sub = {u: j for u in ast.toposort if u.op is Ops.VECTORIZE and (j := _joined(u)) is not None}
-  return ast.substitute(sub) if sub else ast
+  # loads first: a replaced GROUP would keep the old values under it (substitute does not look inside a replacement)
+  if sub := {u: j for u in ast.toposort if u.op is Ops.VECTORIZE and (j := _joined(u)) is not None}: ast = ast.substitute(sub)
+  if sub := {u: j for u in ast.toposort if u.op is Ops.GROUP and (j := _joined_stores(u)) is not None}: ast = ast.substitute(sub)
+  return ast

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import plugrad.trace as trace
 from plugrad.codegen.decompose import DECOMPOSITIONS
-from plugrad.codegen.expand import expand, join_loads
+from plugrad.codegen.expand import expand, join_accesses
 from plugrad.codegen.linearize import linearize
 from plugrad.codegen.lower import add_gpudims, drop_unit_ranges, lower_group_reduces, lower_reduces, simplify_gated_indices, split_ends
 from plugrad.renderer.base import Renderer, RendererError
@@ -53,7 +53,7 @@ PASSES: tuple[Pass, ...] = (
   Pass("expand", lambda u, c: expand(u, c.renderer.vector_width, c.renderer.masked_access)),
   Pass("symbolic", lambda u, c: graph_rewrite(u, symbolic, name="symbolic")),
   Pass("lane indices", lambda u, c: simplify_gated_indices(u, c.simplify)),
-  Pass("joined loads", lambda u, c: join_loads(u, c.renderer.vector_width)),
+  Pass("joined accesses", lambda u, c: join_accesses(u, c.renderer.vector_width)),
   Pass("reduces", lambda u, c: lower_reduces(u)),
   Pass("split ends", lambda u, c: split_ends(u)),
   *(Pass(name, _on_renderer(fn)) for name, fn in DECOMPOSITIONS),

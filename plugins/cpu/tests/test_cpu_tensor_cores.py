@@ -200,7 +200,7 @@ def test_compiled_for_target_has_the_instruction(march, name, path, monkeypatch)
     prg = get_program(ast, r, opts=[tc_opt(r, tc)])
   else: prg = get_program(matmul_ast(16, 64, 64, tc.dtype_in, tc.dtype_out, dtype_in_b=tc.dtype_in_b), r)  # the default
   assert OptOps.TC in [o.op for o in prg.applied_opts]
-  if name not in AMX:  # B's fragment (column pairs / quads of rows) is read as whole rows, one vector load each ("joined loads")
+  if name not in AMX:  # B's fragment (column pairs / quads of rows) is read as whole rows, one vector load each ("joined accesses")
     # (bfloat16 is stored as uint16 where the codegen emulates it)
     assert any(u.op is Ops.LOAD and u.dtype.count == 16 and u.dtype.itemsize == 16 * tc.dtype_b.itemsize for u in prg.uops), name
     if tc.dtype_in is dtypes.bfloat16 and not r.native_bfloat16:  # the rows' lanes shuffled as bits, not widened around the shuffle
