@@ -118,6 +118,10 @@ def test_joined_loads_read_interleaved_runs_as_vector_loads():
   gather = UOp(Ops.VECTORIZE, dtypes.bfloat16.vec(16), tuple(ld(512 * i) for i in range(16)))
   short = UOp(Ops.VECTORIZE, dtypes.bfloat16.vec(2), (ld(0), ld(1)))
   assert join_accesses(gather, 16) is gather and join_accesses(short, 16) is short and join_accesses(pairs, 1) is pairs
+  # rows that would start off a multiple of their length, or more lanes than the renderer's vectors: a GPU's vector types
+  # need their natural alignment
+  shifted = UOp(Ops.VECTORIZE, dtypes.bfloat16.vec(32), tuple(ld(512 * (i % 2) + i // 2 + 1) for i in range(32)))
+  assert join_accesses(shifted, 16) is shifted and join_accesses(pairs, 4) is pairs
 
 
 def linear_const(idx: UOp) -> int:

@@ -313,13 +313,20 @@ def expand(ast: UOp, vector_width: int = 1, masked: bool = False) -> UOp:
 JOIN_MIN = 4  # lanes a run of neighbouring addresses needs before it is read as one vector load
 
 
-def _joined(vz: UOp) -> UOp | None:
+def _aligned(terms: dict[UOp, int], offsets: list[int], lanes: int, width: int) -> bool:
+  """Whether vector accesses of `lanes` elements at these addresses are ones every renderer takes: at most `width`
+  lanes, each starting at a multiple of `lanes` elements from the buffer's start (a GPU's vector types need their
+  natural alignment; the CPU's do not, but a tensor core's rows are whole vectors apart anyway)."""
+  return lanes <= width and all(c % lanes == 0 for c in terms.values()) and all(o % lanes == 0 for o in offsets)
+
+
+def _joined(vz: UOp, width: int) -> UOp | None:
   """A VECTORIZE of scalar loads whose addresses form r interleaved runs of neighbours (lane i reads run i % r, the next
   address each time) as r vector loads, their lanes put back in order: a tensor core's operand fragment (vdpbf16ps's
   16 column pairs are two rows of B, lane by lane) was 32 scalar loads and inserts; it is two loads and one shuffle."""
   n, lds = vz.dtype.count, vz.src
   if n >= JOIN_MIN and all(u.op is Ops.CAST and u.dtype is lds[0].dtype for u in lds) and \
-     (inner := _joined(UOp(Ops.VECTORIZE, lds[0].src[0].dtype.vec(n), tuple(u.src[0] for u in lds)))) is not None:
+     (inner := _joined(UOp(Ops.VECTORIZE, lds[0].src[0].dtype.vec(n), tuple(u.src[0] for u in lds)), width)) is not None:
     return UOp(Ops.CAST, vz.dtype, (inner,))  # a cast fused into the operand (float32 data cast to bfloat16): cast the vectors
   if n < JOIN_MIN or not all(ld.op is Ops.LOAD and len(ld.src) == 1 and ld.src[0].op is Ops.INDEX and len(ld.src[0].src) == 2 and
                              ld.dtype.count == 1 for ld in lds): return None
@@ -330,6 +337,7 @@ def _joined(vz: UOp) -> UOp | None:
   offs = [f[1] for f in forms]
   for r in (d for d in range(1, n // JOIN_MIN + 1) if n % d == 0):
     if all(offs[i + r] == offs[i] + 1 for i in range(n - r)):
+      if not _aligned(forms[0][0], offs[:r], n // r, width): return None
       runs = [UOp(Ops.LOAD, lds[j].dtype.vec(n // r), (lds[j].src[0],)) for j in range(r)]
       return UOp(Ops.VECTORIZE, vz.dtype, tuple(runs[i % r].gep(i // r) for i in range(n))) if r > 1 else runs[0]
   return None
@@ -342,7 +350,7 @@ def _lane_of(val: UOp) -> tuple[UOp, int, DType | None] | None:
   return (g.src[0], g.arg[0], cast) if g.op is Ops.GEP and len(g.arg) == 1 and g.src[0].dtype.count > 1 else None
 
 
-def _joined_stores(group: UOp) -> UOp | None:
+def _joined_stores(group: UOp, width: int) -> UOp | None:
   """A GROUP whose scalar stores write every lane of one vector (or its lanes cast), in order, to neighbouring
   addresses as one vector store of it: a tensor core's accumulators were stored lane by lane, each lane's bfloat16
   rounding a scalar branch."""
@@ -353,9 +361,10 @@ def _joined_stores(group: UOp) -> UOp | None:
     terms, off = linear_terms(ix.src[1])
     runs.setdefault((ix.src[0], frozenset(terms.items()), lane[0], lane[2]), {})[lane[1]] = (off, st)
   done: dict[UOp, UOp | None] = {}
-  for (_, _, v, cast), lanes in runs.items():
+  for (_, terms_key, v, cast), lanes in runs.items():
     n = v.dtype.count
     if n < JOIN_MIN or sorted(lanes) != list(range(n)) or any(lanes[i][0] != lanes[0][0] + i for i in range(n)): continue
+    if not _aligned(dict(terms_key), [lanes[0][0]], n, width): continue
     first = lanes[0][1]
     done[first] = UOp(Ops.STORE, dtypes.void, (first.src[0], UOp(Ops.CAST, cast.vec(n), (v,)) if cast is not None else v))
     done.update({lanes[i][1]: None for i in range(1, n)})
@@ -368,6 +377,7 @@ def join_accesses(ast: UOp, vector_width: int) -> UOp:
   `_joined_stores` can write as vector stores, written so (a renderer without vector lanes keeps them: vector_width 1)."""
   if vector_width <= 1: return ast
   # loads first: a replaced GROUP would keep the old values under it (substitute does not look inside a replacement)
-  if sub := {u: j for u in ast.toposort if u.op is Ops.VECTORIZE and (j := _joined(u)) is not None}: ast = ast.substitute(sub)
-  if sub := {u: j for u in ast.toposort if u.op is Ops.GROUP and (j := _joined_stores(u)) is not None}: ast = ast.substitute(sub)
+  if sub := {u: j for u in ast.toposort if u.op is Ops.VECTORIZE and (j := _joined(u, vector_width)) is not None}: ast = ast.substitute(sub)
+  if sub := {u: j for u in ast.toposort if u.op is Ops.GROUP and (j := _joined_stores(u, vector_width)) is not None}:
+    ast = ast.substitute(sub)
   return ast
