@@ -140,7 +140,7 @@ XFAILS = {f"test_kernel[global_ids-{tier}]": "no launch indices: set has_local a
 
 @hookimpl
 @for_device(NAME)
-def plugrad_conformance_xfails(device: str) -> Any:
+def plugrad_conformance_xfails(device: str) -> dict[str, str] | None:
   return dict(XFAILS)
 '''
 

@@ -133,7 +133,7 @@ def plugrad_graph(device: str) -> type | None:
 
 
 @hookspec
-def plugrad_conformance_xfails(device: str) -> Any:
+def plugrad_conformance_xfails(device: str) -> dict[str, str] | None:
   """Return {test name pattern: reason} for the conformance tests `device` is known to fail (glob patterns (`*`, `?`) on the
   test name, e.g. "test_kernel[ew-idiv-long-*]"), or None. The suite marks them xfail(strict=True): a listed test that
   passes fails the run, so the list stays true. All plugins' answers are merged."""

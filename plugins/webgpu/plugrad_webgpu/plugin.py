@@ -75,5 +75,5 @@ XFAILS = {
 
 @hookimpl
 @for_device(NAME)
-def plugrad_conformance_xfails(device: str) -> Any:
+def plugrad_conformance_xfails(device: str) -> dict[str, str] | None:
   return dict(XFAILS)
