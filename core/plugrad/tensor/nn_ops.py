@@ -379,8 +379,8 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
     if (out := fused_attention(self, key, value, attn_mask, is_causal, 1 / math.sqrt(E))) is not None: return out
   qk = self.matmul(key.transpose(-2, -1), dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) * (1 / math.sqrt(E))
   if is_causal:
-    Tensor = tensor_cls()
-    attn_mask = Tensor.ones(qk.shape[-2:], dtype=dtypes.bool, device=self.device, buffer=False).tril()
+    T = tensor_cls()
+    attn_mask = T.ones(qk.shape[-2:], dtype=dtypes.bool, device=self.device, buffer=False).tril()
   if attn_mask is not None: qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
   return qk.cast(self.dtype).softmax(-1).dropout(dropout_p) @ value
 
